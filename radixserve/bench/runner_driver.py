@@ -1,0 +1,134 @@
+"""RunnerDriver: drive a real ModelRunner step by step, doing by hand what the scheduler does.
+
+It takes request rows from `req_to_token_pool` and KV slots from `token_to_kv_pool_allocator`,
+writes the rows, builds a `ModelWorkerBatch` and calls `forward_batch_generation`, so every
+timed step goes through `ForwardBatch.init_new`, the attention backend's metadata, the model and
+the sampler — the whole execution layer, and nothing of the scheduler.
+
+Decode contexts are real: one prompt is prefilled once per context length (real K/V), then its
+K/V are copied into fresh slots for every request of the batch, so each request attends over a
+real history that lives in its own memory (as many bytes to read as distinct requests would
+have; sharing the slots instead would let the caches hide part of the KV traffic).
+
+    row 0 (template):  positions 0..C-1 -> slots s_0..s_{C-1}   (prefilled)
+    row r (copy):      positions 0..C-1 -> slots t_0..t_{C-1}   (k_buf[t] = k_buf[s], per layer)
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from radixserve.model_executor.model_runner import GenerationBatchResult, ModelRunner
+from radixserve.sampling.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class RunnerDriver:
+    def __init__(self, runner: ModelRunner, seed: int = 0) -> None:
+        self.runner = runner
+        self.rows: dict[int, int] = {}  # row -> tokens whose KV is written
+        self.rng = random.Random(seed)
+        # Random token ids avoid the lowest ids, where tokenizers keep their special tokens.
+        self.vocab_lo = min(100, runner.model_config.vocab_size // 2)
+
+    # ------------------------------------------------------------------ pools
+    def random_ids(self, n: int) -> list[int]:
+        return [self.rng.randrange(self.vocab_lo, self.runner.model_config.vocab_size) for _ in range(n)]
+
+    def new_row(self) -> int:
+        row = self.runner.req_to_token_pool.alloc()
+        if row is None:
+            raise RuntimeError("no free request row: raise max_running_requests")
+        self.rows[row] = 0
+        return row
+
+    def slots(self, row: int) -> torch.Tensor:
+        return self.runner.req_to_token_pool.req_to_token[row, : self.rows[row]]
+
+    def truncate(self, row: int, length: int) -> None:
+        """Free the row's KV past `length` (undo decode steps, keep the context)."""
+        n = self.rows[row]
+        # NOTE: the allocator frees whole pages; a cut inside a page would free live slots.
+        if length and length % self.runner.token_to_kv_pool_allocator.page_size:
+            raise ValueError("truncate inside a page: run the benchmarks with page_size 1")
+        if length < n:
+            self.runner.token_to_kv_pool_allocator.free(
+                self.runner.req_to_token_pool.req_to_token[row, length:n].clone())
+            self.runner.req_to_token_pool.req_to_token[row, length:n] = 0
+            self.rows[row] = length
+
+    def release(self, row: int) -> None:
+        self.truncate(row, 0)
+        del self.rows[row]
+        self.runner.req_to_token_pool.free(row)
+
+    def release_all(self) -> None:
+        for row in list(self.rows):
+            self.release(row)
+
+    def _alloc(self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]) -> torch.Tensor:
+        locs = self.runner.token_to_kv_pool_allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+        if locs is None:
+            raise RuntimeError(
+                f"KV pool too small ({self.runner.token_to_kv_pool_allocator.available_size()} slots free, "
+                f"{sum(seq_lens) - sum(prefix_lens)} needed): raise --max-total-tokens")
+        return locs
+
+    # ------------------------------------------------------------------ steps
+    def step(self, items: list[tuple[int, list[int]]], mode: ForwardMode) -> GenerationBatchResult:
+        """One forward: items are (row, new token ids); each row's prefix is what it already holds."""
+        rtt = self.runner.req_to_token_pool.req_to_token
+        prefix_lens = [self.rows[row] for row, _ in items]
+        seq_lens = [p + len(new) for p, (_, new) in zip(prefix_lens, items)]
+        last_locs = [int(rtt[row, p - 1]) if p else 0 for (row, _), p in zip(items, prefix_lens)]
+        locs = self._alloc(prefix_lens, seq_lens, last_locs)
+        off = 0
+        for (row, new), p in zip(items, prefix_lens):
+            self.runner.req_to_token_pool.write(row, p, locs[off : off + len(new)])
+            off += len(new)
+            self.rows[row] = p + len(new)
+        mwb = ModelWorkerBatch(
+            forward_mode=mode,
+            input_ids=[t for _, new in items for t in new],
+            req_pool_indices=[row for row, _ in items],
+            seq_lens=seq_lens,
+            prefix_lens=prefix_lens,
+            out_cache_loc=locs,
+            sampling_params=[GREEDY] * len(items),
+        )
+        return self.runner.forward_batch_generation(mwb)
+
+    def prefill(self, row: int, ids: list[int]) -> GenerationBatchResult:
+        return self.step([(row, ids)], ForwardMode.PREFILL)
+
+    def decode(self, rows: list[int], ids: list[int]) -> GenerationBatchResult:
+        return self.step(list(zip(rows, [[t] for t in ids])), ForwardMode.DECODE)
+
+    def clone_context(self, src_row: int, num_rows: int) -> list[int]:
+        """`num_rows` new rows holding a copy of src_row's history in their own KV slots."""
+        length = self.rows[src_row]
+        src = self.slots(src_row)
+        pool = self.runner.token_to_kv_pool
+        out = []
+        for _ in range(num_rows):
+            row = self.new_row()
+            locs = self._alloc([0], [length], [0])
+            self.runner.req_to_token_pool.write(row, 0, locs)
+            self.rows[row] = length
+            for layer in range(pool.num_layers):
+                k_buf, v_buf = pool.get_kv_buffer(layer)
+                k_buf[locs] = k_buf[src]
+                v_buf[locs] = v_buf[src]
+            out.append(row)
+        return out
+
+    def build_contexts(self, context_len: int, num_rows: int) -> list[int]:
+        """`num_rows` rows of `context_len` real tokens of history (one prefill, then copies)."""
+        template = self.new_row()
+        self.prefill(template, self.random_ids(context_len))
+        rows = [template] + self.clone_context(template, num_rows - 1) if num_rows > 1 else [template]
+        return rows

@@ -1,0 +1,90 @@
+"""--check-invariants: validate every ForwardBatch and the KV accounting after every step.
+
+Raises InvariantError at the first violation, naming what is wrong, so a bug surfaces at the
+step that caused it rather than as a wrong token many steps later.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.managers.scheduler import Scheduler
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def check_forward_batch(fb: ForwardBatch) -> None:
+    """Lengths and positions consistent; out_cache_loc is exactly where req_to_token points."""
+    if fb.forward_mode.is_idle():
+        return
+    ext, pre = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
+    if [p + e for p, e in zip(pre, ext)] != fb.seq_lens_cpu:
+        raise InvariantError(f"prefix + extend != seq_lens: {pre} + {ext} vs {fb.seq_lens_cpu}")
+    if sum(ext) != fb.num_tokens or fb.out_cache_loc.numel() != fb.num_tokens or fb.positions.numel() != fb.num_tokens:
+        raise InvariantError("input_ids / positions / out_cache_loc lengths differ from sum(extend_seq_lens)")
+    expect_pos = torch.cat([torch.arange(p, p + e) for p, e in zip(pre, ext)]) if ext else torch.empty(0)
+    if not torch.equal(fb.positions.cpu(), expect_pos.to(torch.int64)):
+        raise InvariantError("positions are not arange(prefix_len, seq_len) per request")
+    rtt = fb.req_to_token_pool.req_to_token
+    rows = fb.req_pool_indices.tolist()
+    expect_loc = torch.cat([rtt[r, p : p + e] for r, p, e in zip(rows, pre, ext)])
+    if not torch.equal(fb.out_cache_loc.cpu(), expect_loc.cpu()):
+        raise InvariantError("out_cache_loc does not match req_to_token[req, prefix_len:seq_len]")
+    if (fb.out_cache_loc == 0).any():
+        raise InvariantError("out_cache_loc hands out the reserved slot 0")
+    if len(set(rows)) != len(rows):
+        raise InvariantError("two requests share a req_to_token row")
+
+
+class InvariantChecker:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    def check_forward_batch(self, fb: ForwardBatch) -> None:
+        check_forward_batch(fb)
+
+    def owners(self) -> dict[str, set[int]]:
+        """Slots by owner: the free list, the tree, and each live request outside the tree."""
+        s = self.s
+        ps = s.allocator.page_size
+        tree = set(s.tree_cache.all_slots().tolist())
+        out = {"free": s.allocator.free_slot_set(), "tree": tree}
+        live = list(s.running_batch.reqs) + ([s.chunked_req] if s.chunked_req else [])
+        rtt = s.req_to_token_pool.req_to_token
+        for req in live:
+            if req.req_pool_idx is None:
+                continue
+            held = set(rtt[req.req_pool_idx, : req.kv_len].tolist()) - tree
+            # a partially filled last page belongs to the request as a whole page
+            pages = {x // ps for x in held}
+            out[f"req:{req.rid}"] = {p * ps + i for p in pages for i in range(ps)}
+        return out
+
+    def check_memory(self) -> None:
+        s = self.s
+        owners = self.owners()
+        total = 0
+        seen: set[int] = set()
+        for name, slots in owners.items():
+            dup = seen & slots
+            if dup:
+                raise InvariantError(f"slot(s) {sorted(dup)[:5]} have two owners (one is {name})")
+            seen |= slots
+            total += len(slots)
+        if total != s.allocator.total_size:
+            raise InvariantError(
+                f"KV accounting: free {len(owners['free'])} + tree {len(owners['tree'])} + requests "
+                f"{total - len(owners['free']) - len(owners['tree'])} = {total} != total {s.allocator.total_size}"
+            )
+        live_rows = {r.req_pool_idx for r in s.running_batch.reqs if r.req_pool_idx is not None}
+        if s.chunked_req is not None and s.chunked_req.req_pool_idx is not None:
+            live_rows.add(s.chunked_req.req_pool_idx)
+        free_rows = set(s.req_to_token_pool.free_slots)
+        if live_rows & free_rows or len(live_rows) + len(free_rows) != s.req_to_token_pool.size:
+            raise InvariantError(f"req_to_token rows: {len(live_rows)} live + {len(free_rows)} free != {s.req_to_token_pool.size}")

@@ -1,0 +1,248 @@
+"""The HTTP server: FastAPI on uvicorn in front of one scheduler process.
+
+    launch_server(args): bind the port (fail fast) -> scheduler process loads the model while
+        this one loads the tokenizer -> uvicorn; lifespan start: TokenizerManager on uvicorn's
+        loop + watchdog on the scheduler -> "radixserve ready on http://HOST:PORT (model NAME)"
+    SIGTERM / Ctrl-C: in-flight requests end at once (503 / an SSE error event), uvicorn drains
+        -> lifespan end: ShutdownReq to the scheduler, join / terminate it, IPC files removed
+        -> socket closed -> "radixserve: stopped", exit status 0.
+
+Generation routes live here, the others in server_routes.py; the OpenAI logic in serving_*.py.
+
+If the scheduler process dies, every waiting request gets a 503 and the server exits with
+status 1 so a supervisor can restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from radixserve import __version__
+from radixserve.entrypoints.api_key import APIKeyMiddleware
+from radixserve.entrypoints.launcher import SchedulerHandle, launch_scheduler
+from radixserve.entrypoints.openai_serving import install_error_handlers, scheduler_died
+from radixserve.entrypoints.server_routes import add_info_routes
+from radixserve.entrypoints.serving_chat import OpenAIServingChat
+from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
+from radixserve.entrypoints.serving_generate import NativeServing
+from radixserve.managers.scheduler_process import ShutdownReq
+from radixserve.managers.tokenizer_manager import SchedulerDied, TokenizerManager
+from radixserve.metrics import ServerMetrics
+from radixserve.server_args import ServerArgs
+
+GRACEFUL_SHUTDOWN_S = 3  # open streams get this long after SIGTERM before they are cut
+SCHEDULER_STOP_TIMEOUT_S = 3.0  # after the ShutdownReq: its current step may take a while on CPU
+WATCHDOG_INTERVAL_S = 0.5
+
+
+@dataclass
+class ServerState:
+    server_args: ServerArgs
+    handle: SchedulerHandle
+    tokenizer: Any
+    tm: TokenizerManager | None = None
+    metrics: ServerMetrics | None = None
+    uvicorn_server: uvicorn.Server | None = None
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    death_reason: str | None = None  # set when the scheduler process died
+    port: int = 0
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def tm_or_503(self) -> TokenizerManager:
+        if self.tm is None or self.tm.dead_reason:
+            raise scheduler_died(SchedulerDied(self.tm.dead_reason if self.tm else "not started"))
+        return self.tm
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """The FastAPI app; the TokenizerManager is made on uvicorn's own loop at startup."""
+    args = state.server_args
+    name = args.model_name()
+    servings: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = state.loop = asyncio.get_running_loop()
+        info, ports, proc = state.handle.info, state.handle.ports, state.handle.process
+        tm = TokenizerManager(state.tokenizer, ports.to_scheduler, ports.from_scheduler, info)
+        state.tm, state.metrics = tm, ServerMetrics(name)
+        tm.metrics = state.metrics
+        servings.update(chat=OpenAIServingChat(tm, args, state.metrics),
+                        completions=OpenAIServingCompletion(tm, args, state.metrics),
+                        generate=NativeServing(tm, args, state.metrics))
+
+        async def watchdog() -> None:
+            while state.handle.is_alive():
+                await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            state.death_reason = f"scheduler process died (exit code {proc.returncode})"
+            print(f"radixserve: {state.death_reason}; shutting down", file=sys.stderr, flush=True)
+            tm.fail_all(state.death_reason)  # every waiting request gets its 503 now
+            if state.uvicorn_server is not None:
+                state.uvicorn_server.should_exit = True
+
+        watch = loop.create_task(watchdog())
+        ready = loop.create_task(_announce_ready(state))
+        try:
+            yield
+        finally:
+            ready.cancel()
+            watch.cancel()
+            if state.handle.is_alive():
+                await tm.send_sock.send_pyobj(ShutdownReq())
+            await asyncio.to_thread(state.handle.stop, SCHEDULER_STOP_TIMEOUT_S)
+            tm.close()
+
+    app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan)
+    if args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+
+    install_error_handlers(app)
+
+    # ------------------------------------------------------------------ generation
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        state.tm_or_503()
+        return await servings["generate"].create(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        state.tm_or_503()
+        return await servings["completions"].create(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        state.tm_or_503()
+        return await servings["chat"].create(request)
+
+    add_info_routes(app, state, servings)
+
+    return app
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn that ends in-flight requests at the first SIGTERM / Ctrl-C.
+
+    uvicorn drains open connections before the lifespan ends, and a stream would keep its
+    connection open until the graceful timeout; failing the requests (503 / an SSE error
+    event) lets them close at once.
+    """
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        tm, loop = self.state.tm, self.state.loop
+        if tm is not None and loop is not None and not tm.dead_reason:
+            # a signal handler runs between bytecodes of the loop's thread: hand over, don't call
+            loop.call_soon_threadsafe(tm.fail_all, "the server is shutting down")
+
+
+async def _announce_ready(state: ServerState) -> None:
+    """Print the ready line once uvicorn accepts connections (after its startup completes)."""
+    while state.uvicorn_server is None or not state.uvicorn_server.started:
+        await asyncio.sleep(0.05)
+    host = state.server_args.host
+    shown = f"[{host}]" if ":" in host else host
+    name = state.server_args.model_name()
+    print(f"radixserve ready on http://{shown}:{state.port} (model {name})", flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind before loading the model, so a busy port fails in a second, not after the load."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SystemExit(f"radixserve: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Background:
+    """A function run on a daemon thread (Ctrl-C during start-up must not wait for it)."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="rs-load", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any, args: tuple[Any, ...]) -> None:
+        try:
+            self._result = fn(*args)
+        except BaseException as e:  # noqa: BLE001  # re-raised in the caller by result()
+            self._error = e
+
+    def result(self) -> Any:
+        while self._thread.is_alive():
+            self._thread.join(0.5)  # a timeout keeps the main thread responsive to signals
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def _start_scheduler(server_args: ServerArgs) -> tuple[SchedulerHandle, Any]:
+    """The scheduler process loads the model while this process loads the tokenizer."""
+    from radixserve.model_loader import get_tokenizer
+
+    model_path = server_args.resolved_model_path()
+    print(f"radixserve: loading {model_path} ...", flush=True)
+    tokenizer = _Background(get_tokenizer, model_path, server_args.tokenizer_path)
+    handle = launch_scheduler(server_args)
+    try:
+        return handle, tokenizer.result()
+    except BaseException:
+        handle.stop(2.0)
+        raise
+
+
+def launch_server(server_args: ServerArgs) -> None:
+    """Run the server until SIGTERM / Ctrl-C; exits with status 1 if the scheduler dies."""
+    logging.basicConfig(level=server_args.log_level.upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # SIGTERM behaves as Ctrl-C: while the model loads it interrupts launch_scheduler (which
+    # then stops its child), and later uvicorn's own handlers take over and drain.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sock = _bind(server_args.host, server_args.port)
+    handle: SchedulerHandle | None = None
+    state: ServerState | None = None
+    try:
+        try:
+            handle, tokenizer = _start_scheduler(server_args)
+        except (RuntimeError, OSError, ValueError) as e:  # a bad model path / file: one line, no traceback
+            raise SystemExit(f"radixserve: cannot start: {e}") from None
+        state = ServerState(server_args, handle, tokenizer, port=sock.getsockname()[1])
+        config = uvicorn.Config(build_app(state), log_level=server_args.log_level, loop="asyncio",
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=30)
+        state.uvicorn_server = _UvicornServer(config, state)
+        state.uvicorn_server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if handle is not None:
+            handle.stop(SCHEDULER_STOP_TIMEOUT_S)
+        sock.close()
+    if state is not None and state.death_reason:
+        raise SystemExit(1)
+    print("radixserve: stopped", flush=True)

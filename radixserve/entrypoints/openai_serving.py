@@ -1,0 +1,256 @@
+"""What every HTTP handler shares: errors, running a group of sub-requests, SSE, usage.
+
+One API call fans out into sub-requests (prompts x n samples). Each runs the
+TokenizerManager's generator in its own asyncio task (`RequestGroup`) and the handler reads
+their outputs from one queue:
+
+    handler / SSE generator <-- queue <-- task 0: tm.generate_request(...)   (rid)
+                                      <-- task 1: tm.generate_request(...)   (rid-1)
+
+NOTE: the generators never run inside the HTTP response's anyio cancel scope. On a client
+disconnect Starlette cancels that scope, and a cancelled anyio scope re-raises at *every*
+later await, so a generator cleaning up inside it could stop half-way and never send the
+AbortReq that frees the request's KV. `task.cancel()` delivers exactly one CancelledError,
+after which the generator's `finally` runs to completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from radixserve.managers.tokenizer_manager import SchedulerDied, TokenizerManager
+from radixserve.sampling.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 1.0  # how often a waiting handler asks whether its client is still there
+_DONE = object()
+
+# Field names a ValueError message may start with (SamplingParams.verify, tm.validate).
+_KNOWN_PARAMS = {f for f in SamplingParams.__dataclass_fields__} | {"prompt", "input_ids", "rid", "messages"}
+# SamplingParams name -> OpenAI name, so an error names the field the client actually sent.
+OPENAI_RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+
+class APIError(Exception):
+    """An error with its HTTP status, rendered as OpenAI's {"error": {...}} body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.code = code or {400: "invalid_value", 401: "invalid_api_key", 404: "not_found"}.get(status)
+
+    def response(self) -> JSONResponse:
+        kind = {401: "authentication_error", 404: "invalid_request_error"}.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error"
+        )
+        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+    @classmethod
+    def from_value_error(cls, e: ValueError, renames: dict[str, str] | None = None) -> APIError:
+        """A 400 whose `param` is the field the message starts with (see SamplingParams.verify)."""
+        message = str(e)
+        head = message.split(" ", 1)[0].rstrip(":")
+        param = head if head in _KNOWN_PARAMS else None
+        if param and renames and param in renames:
+            param, message = renames[param], renames[param] + message[len(head) :]
+        return cls(400, message, param)
+
+    @classmethod
+    def from_validation_error(cls, e: ValidationError) -> APIError:
+        """pydantic's first error as a 400 naming the field (never FastAPI's 422)."""
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()) if not str(x).startswith("function-"))
+        message = f"{loc}: {err['msg']}" if loc else err["msg"]
+        return cls(400, message, loc.split(".")[0] if loc else None, "invalid_type")
+
+
+def scheduler_died(e: SchedulerDied) -> APIError:
+    return APIError(503, f"the model is not available: {e}", code="scheduler_unavailable")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as OpenAI's {"error": {...}} JSON: never FastAPI's 422 or {"detail"}."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> Response:
+        return e.response()
+
+    @app.exception_handler(ValueError)
+    async def _value_error(_: Request, e: ValueError) -> Response:
+        return APIError.from_value_error(e).response()
+
+    @app.exception_handler(SchedulerDied)
+    async def _died(_: Request, e: SchedulerDied) -> Response:
+        return scheduler_died(e).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError) -> Response:
+        err = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        loc = ".".join(str(x) for x in err.get("loc", ())[1:])  # drop "body" / "query"
+        message = f"{loc}: {err['msg']}" if loc else err["msg"]
+        return APIError(400, message, loc or None, "invalid_type").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, e: StarletteHTTPException) -> Response:
+        code = "not_found" if e.status_code == 404 else None
+        return APIError(e.status_code, str(e.detail), code=code).response()
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, e: Exception) -> Response:
+        logger.exception("unhandled error")
+        return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error").response()
+
+
+async def parse_body(request: Request, model: type[Any]) -> Any:
+    """JSON body -> pydantic model; malformed JSON and bad types are 400s."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError as e:  # JSONDecodeError and bad UTF-8
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise APIError.from_validation_error(e) from None
+
+
+@dataclass
+class SubRequest:
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str
+
+
+class RequestGroup:
+    """The sub-requests of one API call, each driven by its own asyncio task (see module doc)."""
+
+    def __init__(self, tm: TokenizerManager, subs: list[SubRequest], *, metrics: Any = None,
+                 **gen_kwargs: Any) -> None:
+        self.tm, self.subs, self.metrics = tm, subs, metrics
+        self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.finished = [False] * len(subs)
+        self.tasks = [asyncio.create_task(self._pump(i, sub, gen_kwargs)) for i, sub in enumerate(subs)]
+
+    async def _pump(self, i: int, sub: SubRequest, gen_kwargs: dict[str, Any]) -> None:
+        # NOTE: always stream from the scheduler, even when the client does not: the
+        # TokenizerManager times the first token on arrival, and a non-streamed request's only
+        # output arrives at the end (TTFT would equal the whole latency in /metrics).
+        try:
+            async for out in self.tm.generate_request(sub.input_ids, sub.params, rid=sub.rid, stream=True,
+                                                      **gen_kwargs):
+                self.finished[i] = self.finished[i] or out["finished"]
+                self.queue.put_nowait((i, out))
+        except Exception as e:  # noqa: BLE001  # handed to the reader, which raises it in the handler
+            self.queue.put_nowait((i, e))
+        else:
+            self.queue.put_nowait((i, _DONE))
+
+    async def events(self, request: Request | None = None) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """Yield (sub-request index, output) until all finish; raise the first error.
+
+        Raises ConnectionAbortedError when `request`'s client has gone away.
+        """
+        remaining = len(self.tasks)
+        while remaining:
+            try:
+                i, item = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    raise ConnectionAbortedError("client disconnected") from None
+                continue
+            if item is _DONE:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+
+    async def results(self, request: Request | None = None) -> list[dict[str, Any]]:
+        """Final outputs in sub-request order (non-streaming)."""
+        finals: list[dict[str, Any]] = [{} for _ in self.tasks]
+        async for i, out in self.events(request):
+            finals[i] = out
+        return finals
+
+    def cancel(self) -> None:
+        """Abort what still runs (each task's generator sends its AbortReq). Safe to call twice."""
+        for i, task in enumerate(self.tasks):
+            if not task.done():
+                task.cancel()
+                if not self.finished[i] and self.metrics is not None:
+                    self.metrics.observe_aborted()
+                self.finished[i] = True
+
+
+class SSEResponse(StreamingResponse):
+    """A server-sent-event stream that always closes its generator when the response ends.
+
+    Starlette only cancels the sending task on a disconnect; a generator parked at a `yield`
+    would stay open until garbage collection, with its requests still decoding.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], group: RequestGroup) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.group = group
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # A generator that never started has no `finally` to run: cancel the group here too.
+            self.group.cancel()
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
+def sse(data: Any) -> str:
+    payload = data.model_dump_json() if hasattr(data, "model_dump_json") else json.dumps(data)
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(e: BaseException) -> str:
+    """An error that happens after the 200 headers went out, as a final SSE event."""
+    if isinstance(e, SchedulerDied):
+        err = scheduler_died(e)
+    elif isinstance(e, ValueError):
+        err = APIError.from_value_error(e, OPENAI_RENAMES)
+    else:
+        err = APIError(500, f"{type(e).__name__}: {e}", code="internal_error")
+    return sse({"error": {"message": err.message, "type": "invalid_request_error" if err.status < 500 else
+                          "server_error", "param": err.param, "code": err.code}})
+
+
+def finish_reason(meta: dict[str, Any]) -> tuple[str | None, int | str | None]:
+    """meta_info's finish_reason -> (OpenAI finish_reason, matched stop string / token)."""
+    reason = meta.get("finish_reason")
+    if not reason:
+        return None, None
+    return reason["type"], reason.get("matched")
+
+
+def trim_stop_token(out: dict[str, Any]) -> int:
+    """How many output tokens belong to the text: an EOS / stop token that ended it does not."""
+    n = len(out["output_ids"])
+    reason = out["meta_info"].get("finish_reason") or {}
+    if reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and n:
+        return n - 1
+    return n

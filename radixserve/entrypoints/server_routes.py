@@ -1,0 +1,108 @@
+"""The server's non-generation routes: models, health probes, info, cache, abort, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from radixserve import __version__
+from radixserve.entrypoints.openai_protocol import AbortRequest, ModelCard, ModelList
+from radixserve.entrypoints.openai_serving import APIError, RequestGroup, SubRequest, parse_body
+from radixserve.metrics import CONTENT_TYPE
+from radixserve.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.entrypoints.http_server import ServerState
+
+HEALTH_GENERATE_TIMEOUT_S = 120.0  # a loaded CPU box can take a while for one token
+
+
+def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) -> None:
+    """Register the routes; `servings` is filled in at startup (the chat one checks model names)."""
+    args = state.server_args
+    name = args.model_name()
+
+    def card() -> ModelCard:
+        return ModelCard(id=name, created=state.created, root=args.resolved_model_path(),
+                         max_model_len=state.handle.info["context_len"])
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse(ModelList(data=[card()]).model_dump())
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> Response:
+        servings["chat"].check_model(model)
+        return JSONResponse(card().model_dump())
+
+    @app.get("/health")
+    async def health() -> Response:
+        state.tm_or_503()
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate(request: Request) -> Response:
+        """Healthy only if a one-token generation goes through the whole pipeline."""
+        tm = state.tm_or_503()
+        params = SamplingParams(max_new_tokens=1, temperature=0.0)
+        group = RequestGroup(tm, [SubRequest(tm.tokenize("ping", None), params, f"health-{time.time_ns()}")])
+        try:
+            await asyncio.wait_for(group.results(request), HEALTH_GENERATE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise APIError(503, "health_generate: no token within the timeout", code="unhealthy") from None
+        finally:
+            group.cancel()
+        return Response(status_code=200)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> Response:
+        info = state.handle.info
+        return JSONResponse({
+            "model_path": args.resolved_model_path(),
+            "tokenizer_path": args.tokenizer_path or args.resolved_model_path(),
+            "served_model_name": name,
+            "is_generation": True,
+            **{k: info[k] for k in ("context_len", "vocab_size", "max_total_num_tokens", "eos_token_ids")},
+        })
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> Response:
+        tm = state.tm_or_503()
+        server_args = dataclasses.asdict(args)
+        if server_args.get("api_key"):
+            server_args["api_key"] = "<hidden>"  # never echo the secret back
+        return JSONResponse({**server_args, **await tm.get_server_info(), "version": __version__,
+                             "served_model_name": name})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        ok = await state.tm_or_503().flush_cache()
+        if not ok:
+            raise APIError(400, "flush_cache: requests are still running; try again when idle", code="busy")
+        return JSONResponse({"success": True, "message": "Cache flushed."})
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        tm = state.tm_or_503()
+        req: AbortRequest = await parse_body(request, AbortRequest)
+        if not req.rid and not req.abort_all:
+            raise APIError(400, "rid: give the request id to abort (or abort_all: true)", "rid")
+        # An n > 1 / batch call runs as rid-0, rid-1, ...: the caller's rid aborts them all.
+        rids = [r for r in list(tm.states) if req.abort_all or r == req.rid or r.startswith(f"{req.rid}-")]
+        for rid in rids:
+            await tm.abort_request(rid)
+        return JSONResponse({"success": bool(rids), "aborted": rids})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        assert state.metrics is not None
+        if state.tm is not None and not state.tm.dead_reason:
+            state.metrics.refresh(await state.tm.get_server_info())
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+

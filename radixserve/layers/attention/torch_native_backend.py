@@ -1,0 +1,145 @@
+"""Paged attention in plain PyTorch (scaled_dot_product_attention over gathered KV slots).
+
+Two paths, chosen per request once per step in init_forward_metadata():
+
+  batched  requests whose query block has the same small length L (DECODE: L = 1,
+           TARGET_VERIFY: L = k + 1, the decodes inside a MIXED batch). Their histories are
+           gathered into one padded tensor and attended in one call:
+               kv_indices [nb, max_len] = req_to_token[req_pool_indices, :max_len]
+               mask       [nb, 1, L, max_len]: key j visible to query i iff j <= prefix_len + i
+  ragged   requests with a long query block (PREFILL, EXTEND chunks). One call each, because
+           padding a 2,000-token chunk to its neighbours' lengths would waste more than the loop.
+           A request with no cached prefix attends only to this step's K/V (no gather at all).
+
+Every mask and index table is built here once and reused by all layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.layers.attention.base_attn_backend import AttentionBackend
+
+if TYPE_CHECKING:
+    from radixserve.layers.radix_attention import RadixAttention
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
+
+
+@dataclass
+class BatchedPart:
+    token_idx: torch.Tensor  # [nb * L] rows of q/out belonging to these requests, request-major
+    query_len: int  # L
+    kv_indices: torch.Tensor  # [nb, max_len]
+    mask: torch.Tensor  # [nb, 1, L, max_len] bool, True = attend
+
+
+@dataclass
+class RaggedItem:
+    start: int  # first token row of this request
+    extend_len: int
+    kv_indices: torch.Tensor | None  # [seq_len] when there is a cached prefix, else None
+    mask: torch.Tensor | None  # [extend_len, seq_len] bool when there is a cached prefix
+
+
+@dataclass
+class TorchNativeMetadata:
+    batched: BatchedPart | None
+    ragged: list[RaggedItem]
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    # ------------------------------------------------------------ metadata
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        mode = fb.forward_mode
+        ext = fb.extend_seq_lens_cpu
+        pre = fb.extend_prefix_lens_cpu
+        if mode.is_idle() or fb.batch_size == 0:
+            fb.attn_metadata = TorchNativeMetadata(None, [])
+            return
+        if mode.is_decode() or mode.is_target_verify():
+            batched_rows = list(range(fb.batch_size))
+        elif mode.is_mixed():
+            batched_rows = [i for i, e in enumerate(ext) if e == 1 and pre[i] > 0]
+        else:
+            batched_rows = []
+        starts = fb.extend_start_loc.tolist() if not mode.is_decode() else list(range(fb.batch_size))
+        batched = self._batched_part(fb, batched_rows, starts) if batched_rows else None
+        in_batched = set(batched_rows)
+        ragged = [self._ragged_item(fb, i, starts[i]) for i in range(fb.batch_size) if i not in in_batched]
+        fb.attn_metadata = TorchNativeMetadata(batched, ragged)
+
+    def _batched_part(self, fb: ForwardBatch, rows: list[int], starts: list[int]) -> BatchedPart:
+        lens = {fb.extend_seq_lens_cpu[i] for i in rows}
+        if len(lens) != 1:
+            raise ValueError(f"batched attention needs one query length per step, got {sorted(lens)}")
+        q_len = lens.pop()
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        seq_lens = fb.seq_lens[rows_t]  # [nb]
+        max_len = max(fb.seq_lens_cpu[i] for i in rows)
+        kv_indices = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[rows_t], :max_len]
+        key_pos = torch.arange(max_len, device=self.device)  # [max_len]
+        # query i of a request sits at position prefix_len + i = seq_len - L + i
+        q_pos = (seq_lens - q_len).unsqueeze(1) + torch.arange(q_len, device=self.device)  # [nb, L]
+        mask = key_pos.view(1, 1, max_len) <= q_pos.unsqueeze(-1)  # [nb, L, max_len]
+        token_idx = (torch.tensor([starts[i] for i in rows], device=self.device).unsqueeze(1)
+                     + torch.arange(q_len, device=self.device)).reshape(-1)
+        return BatchedPart(token_idx, q_len, kv_indices, mask.unsqueeze(1))
+
+    def _ragged_item(self, fb: ForwardBatch, i: int, start: int) -> RaggedItem:
+        ext, pre = fb.extend_seq_lens_cpu[i], fb.extend_prefix_lens_cpu[i]
+        if pre == 0:
+            return RaggedItem(start, ext, None, None)
+        seq = pre + ext
+        kv_indices = fb.req_to_token_pool.req_to_token[int(fb.req_pool_indices[i]), :seq]
+        q_pos = pre + torch.arange(ext, device=self.device)
+        mask = torch.arange(seq, device=self.device).unsqueeze(0) <= q_pos.unsqueeze(1)  # [ext, seq]
+        return RaggedItem(start, ext, kv_indices, mask)
+
+    # ------------------------------------------------------------ compute
+    def forward_decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+    ) -> torch.Tensor:
+        return self._run(q, k, v, layer, fb)
+
+    def forward_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+    ) -> torch.Tensor:
+        return self._run(q, k, v, layer, fb)
+
+    def _run(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
+    ) -> torch.Tensor:
+        md: TorchNativeMetadata = fb.attn_metadata
+        k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        out = torch.empty_like(q)  # [n, num_heads, head_dim]
+        if md.batched is not None:
+            b = md.batched
+            nb = b.kv_indices.shape[0]
+            qb = q[b.token_idx].view(nb, b.query_len, layer.num_heads, layer.head_dim).transpose(1, 2)
+            kb = k_buf[b.kv_indices].transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
+            vb = v_buf[b.kv_indices].transpose(1, 2)
+            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=layer.scaling, enable_gqa=True)
+            out[b.token_idx] = ob.transpose(1, 2).reshape(-1, layer.num_heads, layer.head_dim)
+        for item in md.ragged:
+            sl = slice(item.start, item.start + item.extend_len)
+            qi = q[sl].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, head_dim]
+            if item.kv_indices is None:
+                # PREFILL fast path: no history, attend causally over this step's tokens only
+                ki = k[sl].transpose(0, 1).unsqueeze(0)
+                vi = v[sl].transpose(0, 1).unsqueeze(0)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
+            else:
+                ki = k_buf[item.kv_indices].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, head_dim]
+                vi = v_buf[item.kv_indices].transpose(0, 1).unsqueeze(0)
+                oi = F.scaled_dot_product_attention(
+                    qi, ki, vi, attn_mask=item.mask, scale=layer.scaling, enable_gqa=True
+                )
+            out[sl] = oi.squeeze(0).transpose(0, 1)
+        return out

@@ -1,0 +1,99 @@
+"""Req: one request's scheduling state, owned by the scheduler process.
+
+Lengths of a request at any moment (DESIGN section 4):
+
+    origin_input_ids      output_ids
+    [p0 p1 ... pP-1]      [o0 o1 ... oN-1]
+    |<---------- KV written ---------->|  oN-1 has no KV yet: the next DECODE writes it
+    kv_committed_len = P + N - 1 (after the first token is sampled)
+
+During a chunked prefill `fill_ids` is the prompt prefix computed so far and
+`prefix_indices` the KV slots the request already holds (tree-owned or its own).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixserve.sampling.sampling_params import SamplingParams
+
+
+@dataclass
+class FinishReason:
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None  # the EOS/stop token id or the stop string
+    message: str | None = None  # abort reason
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message:
+            out["message"] = self.message
+        return out
+
+
+@dataclass(eq=False)  # identity semantics: two requests are never 'equal'
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    return_prompt_logprob: bool = False
+    stream: bool = False
+    priority: int = 0  # larger runs first when policies tie (and under fcfs, before arrival)
+    eos_token_ids: tuple[int, ...] = ()
+
+    output_ids: list[int] = field(default_factory=list)
+    fill_ids: list[int] = field(default_factory=list)
+    prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    last_node: Any = None
+    req_pool_idx: int | None = None
+    extend_input_len: int = 0
+    kv_len: int = 0  # tokens whose KV this request has written (tree-shared part included)
+    # tokens of this request that came from the radix cache at its (first) admission
+    cached_tokens: int = 0
+    is_chunked: bool = False  # mid chunked prefill
+    finished_reason: FinishReason | None = None
+    to_abort: FinishReason | None = None
+    num_retractions: int = 0
+
+    # logprobs (filled as tokens are produced)
+    output_token_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    input_token_logprobs: list[float] = field(default_factory=list)
+
+    # bookkeeping for outputs streamed so far
+    sent_len: int = 0
+    created_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    # Stop strings are checked on decoded text; only the tail can contain a new match.
+    stop_check_len: int = 0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def init_next_round_input(self) -> None:
+        """Tokens to compute at (re)admission: the prompt, plus outputs if it was retracted."""
+        self.fill_ids = self.origin_input_ids + self.output_ids
+
+    def prefix_match_key(self) -> list[int]:
+        # NOTE: capped at len - 1 so at least one token is computed and there are logits to sample.
+        return self.fill_ids[: len(self.fill_ids) - 1]
+
+    def reset_for_retract(self) -> None:
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
+        self.req_pool_idx = None
+        self.extend_input_len = 0
+        self.kv_len = 0
+        self.is_chunked = False
+        self.num_retractions += 1

@@ -1,0 +1,178 @@
+"""ScheduleBatch: the scheduler's view of one step, and the hand-over to execution.
+
+    Req (scheduler)  ->  ScheduleBatch (CPU, scheduler)  ->  ModelWorkerBatch  ->  ForwardBatch  ->  ModelRunner
+                         who runs and why: reqs, prefix     plain snapshot       device tensors
+                         matches, KV slots allocated here   (no live Reqs)
+
+The batch allocates KV slots (out_cache_loc) and req_to_token rows *here*, in prepare_for_*;
+the execution layer only writes where it is told.
+
+Slot bookkeeping of one EXTEND request (page_size 1 shown):
+
+    req_to_token[row]:  [ prefix slots (from the tree / earlier chunk) | out_cache_loc of this step ]
+                          0 ............................ prefix_len-1  prefix_len ........ seq_len-1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.managers.req import Req
+from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
+from radixserve.mem_cache.memory_pool import ReqToTokenPool
+from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+
+
+class OutOfKVSlots(RuntimeError):
+    """The scheduler's budgets said yes but the pool said no (should not happen: a bug)."""
+
+
+@dataclass
+class ScheduleBatch:
+    reqs: list[Req]
+    req_to_token_pool: ReqToTokenPool
+    allocator: TokenToKVPoolAllocator
+    tree_cache: BasePrefixCache
+    forward_mode: ForwardMode = ForwardMode.IDLE
+    input_ids: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+    out_cache_loc: torch.Tensor | None = None
+    # MIXED: how many of `reqs` (at the front) are the prefill part
+    num_extend_reqs: int = 0
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    # ------------------------------------------------------------------ slots
+    def _alloc(self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]) -> torch.Tensor:
+        need = sum(s - p for p, s in zip(prefix_lens, seq_lens)) + self.allocator.page_size * len(seq_lens)
+        if self.allocator.available_size() < need:
+            self.tree_cache.evict(need - self.allocator.available_size())
+        out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+        if out is None:
+            raise OutOfKVSlots(f"no KV slots for {sum(seq_lens) - sum(prefix_lens)} tokens")
+        return out
+
+    def _last_locs(self, prefix_lens: list[int]) -> list[int]:
+        rtt = self.req_to_token_pool.req_to_token
+        return [int(rtt[r.req_pool_idx, p - 1]) if p > 0 else 0 for r, p in zip(self.reqs, prefix_lens)]
+
+    # ------------------------------------------------------------------ prepare
+    def prepare_for_extend(self) -> None:
+        """Rows, prefix slots and new slots for each admitted request; input = the uncached part."""
+        self.forward_mode = ForwardMode.EXTEND
+        for req in self.reqs:
+            if req.req_pool_idx is None:
+                idx = self.req_to_token_pool.alloc()
+                if idx is None:
+                    raise OutOfKVSlots("no free req_to_token row")
+                req.req_pool_idx = idx
+            if len(req.prefix_indices):
+                self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
+        self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
+        self.seq_lens = [len(r.fill_ids) for r in self.reqs]
+        for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
+            r.extend_input_len = s - p
+        self.input_ids = [t for r, p in zip(self.reqs, self.prefix_lens) for t in r.fill_ids[p:]]
+        self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
+        self._write_rows(self.reqs, self.prefix_lens, self.seq_lens, self.out_cache_loc)
+        if all(p == 0 for p in self.prefix_lens):
+            self.forward_mode = ForwardMode.PREFILL
+        self.num_extend_reqs = len(self.reqs)
+
+    def _write_rows(self, reqs: list[Req], prefix_lens: list[int], seq_lens: list[int], locs: torch.Tensor) -> None:
+        offset = 0
+        for r, p, s in zip(reqs, prefix_lens, seq_lens):
+            self.req_to_token_pool.write(r.req_pool_idx, p, locs[offset : offset + s - p])
+            offset += s - p
+
+    def decode_slots_needed(self) -> int:
+        """Slots (in whole pages) the next decode step takes from the allocator."""
+        ps = self.allocator.page_size
+        return sum(ps for r in self.reqs if (r.seqlen - 1) % ps == 0)
+
+    def prepare_for_decode(self) -> None:
+        """One new token per request: the last sampled one is written at position seqlen - 1."""
+        self.forward_mode = ForwardMode.DECODE
+        self.input_ids = [r.output_ids[-1] for r in self.reqs]
+        self.seq_lens = [r.seqlen for r in self.reqs]
+        self.prefix_lens = [s - 1 for s in self.seq_lens]
+        self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
+        rtt = self.req_to_token_pool.req_to_token
+        rows = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64)
+        rtt[rows, torch.tensor(self.prefix_lens, dtype=torch.int64)] = self.out_cache_loc
+        self.num_extend_reqs = 0
+
+    def mix_with_running(self, running: ScheduleBatch) -> None:
+        """Append the running requests' decode tokens to this prefill batch (one MIXED forward).
+
+        A decode inside MIXED is an EXTEND of length 1 whose prefix is its whole history."""
+        dec_prefix = [r.seqlen - 1 for r in running.reqs]
+        dec_seq = [r.seqlen for r in running.reqs]
+        locs = running._alloc(dec_prefix, dec_seq, running._last_locs(dec_prefix))
+        running._write_rows(running.reqs, dec_prefix, dec_seq, locs)
+        self.forward_mode = ForwardMode.MIXED
+        self.num_extend_reqs = len(self.reqs)
+        self.reqs = self.reqs + running.reqs
+        self.input_ids = self.input_ids + [r.output_ids[-1] for r in running.reqs]
+        self.prefix_lens = self.prefix_lens + dec_prefix
+        self.seq_lens = self.seq_lens + dec_seq
+        self.out_cache_loc = torch.cat([self.out_cache_loc, locs])
+
+    # ------------------------------------------------------------------ membership
+    def filter_batch(self, keep: list[Req] | None = None) -> None:
+        """Keep only unfinished requests (or exactly `keep`)."""
+        self.reqs = [r for r in self.reqs if not r.finished()] if keep is None else keep
+
+    def merge_batch(self, other: ScheduleBatch) -> None:
+        self.reqs = self.reqs + other.reqs
+
+    def retract_decode(self, needed: int) -> list[Req]:
+        """Free KV by sending requests back to the queue until `needed` slots are free.
+
+        Victims: most generated tokens first (they cost the most to hold), then longest prompt.
+        Their KV is handed to the prefix cache (kept if the tree shares, freed otherwise), so a
+        re-admitted request recomputes only what was evicted meanwhile."""
+        order = sorted(self.reqs, key=lambda r: (len(r.output_ids), len(r.origin_input_ids)))
+        retracted: list[Req] = []
+        while order and len(order) > 1 and self.allocator.available_size() < needed:
+            req = order.pop()
+            self.tree_cache.cache_finished_req(req)
+            req.reset_for_retract()
+            retracted.append(req)
+            self.tree_cache.evict(needed)
+        self.reqs = [r for r in self.reqs if r not in retracted]
+        return retracted
+
+    # ------------------------------------------------------------------ hand-over
+    def get_model_worker_batch(self) -> ModelWorkerBatch:
+        assert self.out_cache_loc is not None
+        params = [r.sampling_params for r in self.reqs]
+        need_history = SamplingBatchInfo.needs_history(params)
+        return_logprob = any(r.return_logprob for r in self.reqs)
+        targets: list[list[int] | None] = []
+        for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
+            # prompt logprobs: the token after each computed prompt position
+            want = r.return_prompt_logprob and not r.output_ids and self.forward_mode.is_extend()
+            targets.append(r.origin_input_ids[p + 1 : s + 1] if want else None)
+        return ModelWorkerBatch(
+            forward_mode=self.forward_mode,
+            input_ids=list(self.input_ids),
+            req_pool_indices=[r.req_pool_idx for r in self.reqs],
+            seq_lens=list(self.seq_lens),
+            prefix_lens=list(self.prefix_lens),
+            out_cache_loc=self.out_cache_loc,
+            sampling_params=params,
+            output_ids=[list(r.output_ids) for r in self.reqs] if need_history else None,
+            return_logprob=return_logprob,
+            top_logprobs_nums=[r.top_logprobs_num for r in self.reqs] if return_logprob else [],
+            prompt_logprob_targets=targets if any(t is not None for t in targets) else [],
+        )

@@ -1,0 +1,116 @@
+"""Who gets admitted next: queue ordering policies and the PrefillAdder's budgets.
+
+Budgets checked for every admitted request (DESIGN section 5):
+
+    rem_total_tokens   free slots + evictable cache - reservation for the running requests'
+                       future tokens (max_new_tokens left * new_token_ratio, which decays)
+    rem_input_tokens   --max-prefill-tokens per step
+    rem_chunk_tokens   --chunked-prefill-size: a longer prompt is cut, the rest runs next step
+    running slots      --max-running-requests
+"""
+
+from __future__ import annotations
+
+from radixserve.managers.req import Req
+from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
+
+
+class SchedulePolicy:
+    def __init__(self, policy: str, tree_cache: BasePrefixCache) -> None:
+        self.policy = policy
+        self.tree_cache = tree_cache
+
+    def calc_priority(self, waiting: list[Req]) -> None:
+        """Match every waiting request against the cache and order the queue in place."""
+        for req in waiting:
+            req.init_next_round_input()
+            match = self.tree_cache.match_prefix(req.prefix_match_key())
+            req.prefix_indices, req.last_node = match.device_indices, match.last_node
+        if self.policy == "lpm":
+            # Longest cached prefix first: it needs the least compute and keeps hot nodes locked.
+            waiting.sort(key=lambda r: (-r.priority, -len(r.prefix_indices)))
+        else:
+            waiting.sort(key=lambda r: -r.priority)  # stable: arrival order within a priority
+
+
+class PrefillAdder:
+    def __init__(
+        self,
+        tree_cache: BasePrefixCache,
+        available_tokens: int,
+        running: list[Req],
+        new_token_ratio: float,
+        max_prefill_tokens: int,
+        chunk_size: int | None,
+        max_running_requests: int,
+        page_size: int,
+    ) -> None:
+        self.tree_cache = tree_cache
+        reserved = sum(self._future_tokens(r, new_token_ratio) for r in running)
+        self.rem_total_tokens = available_tokens + tree_cache.evictable_size() - reserved
+        self.rem_input_tokens = max_prefill_tokens
+        self.rem_chunk_tokens = chunk_size
+        self.rem_running = max_running_requests - len(running)
+        self.new_token_ratio = new_token_ratio
+        self.page_size = page_size
+        self.can_run: list[Req] = []
+        self.new_chunked_req: Req | None = None
+
+    @staticmethod
+    def _future_tokens(req: Req, ratio: float) -> int:
+        left = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
+        return int(left * ratio)
+
+    def _ceil_page(self, n: int) -> int:
+        return -(-n // self.page_size) * self.page_size
+
+    def add_chunked_req(self, req: Req) -> Req | None:
+        """Continue a request mid chunked prefill (it already holds a row and its prefix)."""
+        req.fill_ids = req.origin_input_ids[: len(req.prefix_indices) + self._chunk_len(req)]
+        self._account(req, len(req.fill_ids) - len(req.prefix_indices), reserve=False)
+        self.can_run.append(req)
+        return req if len(req.fill_ids) < len(req.origin_input_ids) else None
+
+    def _chunk_len(self, req: Req) -> int:
+        left = len(req.origin_input_ids) - len(req.prefix_indices)
+        if self.rem_chunk_tokens is None:
+            return left
+        return min(left, self.rem_chunk_tokens)
+
+    def _account(self, req: Req, extend_len: int, reserve: bool) -> None:
+        future = self._future_tokens(req, self.new_token_ratio) if reserve else 0
+        # each request may waste up to one partial page
+        self.rem_total_tokens -= self._ceil_page(extend_len) + self.page_size + future
+        self.rem_input_tokens -= extend_len
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= extend_len
+
+    def add_one_req(self, req: Req) -> bool:
+        """Try to admit `req`; False means stop admitting this step (budgets are exhausted)."""
+        if self.rem_running <= 0:
+            return False
+        extend_len = len(req.fill_ids) - len(req.prefix_indices)
+        need_total = self._ceil_page(extend_len) + self.page_size + self._future_tokens(req, self.new_token_ratio)
+        if need_total > self.rem_total_tokens:
+            return False
+        if self.rem_input_tokens <= 0 or (self.can_run and extend_len > self.rem_input_tokens):
+            return False
+        # NOTE: lock before anything is evicted for this step, so the matched prefix survives.
+        self.tree_cache.inc_lock_ref(req.last_node)
+        if self.rem_chunk_tokens is not None and extend_len > self.rem_chunk_tokens:
+            # Chunk at a page boundary: the tree only holds whole pages.
+            chunk = self.rem_chunk_tokens // self.page_size * self.page_size
+            if chunk <= 0:
+                self.tree_cache.dec_lock_ref(req.last_node)
+                return False
+            req.fill_ids = req.fill_ids[: len(req.prefix_indices) + chunk]
+            req.is_chunked = True
+            self.new_chunked_req = req
+            self._account(req, chunk, reserve=False)
+            self.can_run.append(req)
+            self.rem_running -= 1
+            return False
+        self._account(req, extend_len, reserve=True)
+        self.can_run.append(req)
+        self.rem_running -= 1
+        return True

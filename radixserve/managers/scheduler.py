@@ -1,0 +1,279 @@
+"""Scheduler: decides who runs each step; the ModelRunner decides how.
+
+One step (`step()`), the same whether driven by the ZMQ loop (scheduler_process.py) or a test:
+
+    reap aborted -> pick next batch -------------------------------> run -> process results
+                    prefill first: chunked req, then waiting reqs           append tokens, check stop,
+                    under PrefillAdder budgets (optionally MIXED            cache finished / unfinished,
+                    with the running decodes); else DECODE the               emit ReqOutputs
+                    running batch, retracting if KV runs out
+"""
+
+from __future__ import annotations
+
+import logging
+
+from radixserve.debug.invariants import InvariantChecker
+from radixserve.debug.trace import BatchTracer
+from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
+from radixserve.managers.output_processor import OutputProcessor
+from radixserve.managers.req import FinishReason, Req
+from radixserve.managers.schedule_batch import ScheduleBatch
+from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
+from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.radix_cache import RadixCache
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.model_loader import get_tokenizer
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, model_runner: ModelRunner | None = None, tp_rank: int = 0) -> None:
+        self.server_args = server_args
+        self.tp_rank = tp_rank
+        self.model_runner = model_runner or ModelRunner(server_args, tp_rank)
+        runner = self.model_runner
+        self.model_config = runner.model_config
+        self.tokenizer = get_tokenizer(runner.model_path, server_args.tokenizer_path)
+        self.req_to_token_pool = runner.req_to_token_pool
+        self.allocator = runner.token_to_kv_pool_allocator
+        cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
+        self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, server_args.page_size)
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
+        self.waiting_queue: list[Req] = []
+        self.running_batch = self._new_batch([])
+        self.chunked_req: Req | None = None
+        self.new_token_ratio = server_args.init_new_token_ratio
+        self.chunk_size = server_args.effective_chunk_size
+        self.output_processor = OutputProcessor(self.tokenizer, self.model_config, server_args.stream_interval)
+        self.tracer = BatchTracer(server_args.trace_batches) if server_args.trace_batches and tp_rank == 0 else None
+        self.checker = InvariantChecker(self) if server_args.check_invariants else None
+        self.forward_ct = 0
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "num_retractions": 0}
+
+    def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
+        return ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache)
+
+    # ------------------------------------------------------------------ input
+    def validate(self, recv: TokenizedGenerateReqInput) -> None:
+        """Raise ValueError naming the field; nothing is allocated for a rejected request."""
+        cfg = self.model_config
+        recv.sampling_params.verify(cfg.vocab_size)
+        if not recv.input_ids:
+            raise ValueError("prompt: the prompt is empty")
+        bad = [t for t in recv.input_ids if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {cfg.vocab_size})")
+        if len(recv.input_ids) >= cfg.context_len:
+            raise ValueError(
+                f"prompt: {len(recv.input_ids)} tokens do not fit the context length {cfg.context_len} "
+                "(at least one token must be generated)"
+            )
+        if len(recv.input_ids) + self.allocator.page_size * 2 > self.allocator.total_size:
+            raise ValueError(f"prompt: {len(recv.input_ids)} tokens exceed the KV pool ({self.allocator.total_size})")
+
+    def add_request(self, recv: TokenizedGenerateReqInput) -> ReqOutput | None:
+        """Queue a request; a rejected one returns its error output right away."""
+        try:
+            self.validate(recv)
+        except ValueError as e:
+            return ReqOutput(recv.rid, [], {"type": "abort", "message": str(e)}, {}, error=str(e))
+        req = Req(
+            rid=recv.rid,
+            origin_input_ids=list(recv.input_ids),
+            sampling_params=recv.sampling_params,
+            return_logprob=recv.return_logprob,
+            top_logprobs_num=recv.top_logprobs_num,
+            return_prompt_logprob=recv.return_prompt_logprob,
+            stream=recv.stream,
+            priority=recv.priority,
+            eos_token_ids=tuple(self.model_config.eos_token_ids),
+        )
+        self.stats["prompt_tokens"] += len(req.origin_input_ids)
+        self.waiting_queue.append(req)
+        return None
+
+    def abort_request(self, rid: str) -> None:
+        for req in list(self.waiting_queue):
+            if req.rid == rid:
+                # Waiting requests hold nothing (a retracted one gave its KV back when retracted).
+                self.waiting_queue.remove(req)
+                req.finished_reason = FinishReason("abort", message="aborted")
+                self.output_processor.pending.append(req)
+                return
+        for req in self.running_batch.reqs + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid == rid:
+                req.to_abort = FinishReason("abort", message="aborted")
+
+    def _reap_aborted(self) -> None:
+        if self.chunked_req is not None and self.chunked_req.to_abort:
+            self._finish(self.chunked_req, self.chunked_req.to_abort)
+            self.chunked_req = None
+        for req in self.running_batch.reqs:
+            if req.to_abort and not req.finished():
+                self._finish(req, req.to_abort)
+        self.running_batch.filter_batch()
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        req.finished_reason = reason
+        self.tree_cache.cache_finished_req(req, kv_len=req.kv_len)
+        self.output_processor.pending.append(req)
+
+    # ------------------------------------------------------------------ step
+    def has_work(self) -> bool:
+        return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req)
+
+    def step(self) -> list[ReqOutput]:
+        """Run one scheduling step (if there is work) and return the outputs it produced."""
+        self._reap_aborted()
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            result = self.run_batch(batch)
+            self.process_batch_result(batch, result)
+        if self.checker is not None:
+            self.checker.check_memory()
+        return self.output_processor.flush()
+
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            if self.server_args.enable_mixed_chunk and self.running_batch.reqs:
+                if self._ensure_decode_slots():
+                    batch.mix_with_running(self.running_batch)
+                    self.running_batch = self._new_batch([])
+            return batch
+        if not self.running_batch.reqs:
+            return None
+        if not self._ensure_decode_slots():
+            return None
+        self.running_batch.prepare_for_decode()
+        return self.running_batch
+
+    def _ensure_decode_slots(self) -> bool:
+        """Make room for one token per running request: evict, then retract if still short."""
+        batch = self.running_batch
+        need = batch.decode_slots_needed()
+        if self.allocator.available_size() < need:
+            self.tree_cache.evict(need - self.allocator.available_size())
+        if self.allocator.available_size() < need:
+            retracted = batch.retract_decode(need)
+            self.stats["num_retractions"] += len(retracted)
+            # Budgets were too optimistic: reserve more for the requests that stay.
+            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1 * len(retracted))
+            self.waiting_queue[:0] = retracted
+            need = batch.decode_slots_needed()
+        return bool(batch.reqs) and self.allocator.available_size() >= need
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        running = self.running_batch.reqs
+        if len(running) >= self.server_args.max_running_requests and self.chunked_req is None:
+            return None
+        self.policy.calc_priority(self.waiting_queue)
+        adder = PrefillAdder(
+            self.tree_cache,
+            self.allocator.available_size(),
+            running,
+            self.new_token_ratio,
+            self.server_args.max_prefill_tokens,
+            self.chunk_size,
+            self.server_args.max_running_requests,
+            self.allocator.page_size,
+        )
+        if self.chunked_req is not None:
+            still = adder.add_chunked_req(self.chunked_req)
+            self.chunked_req.is_chunked = still is not None
+            self.chunked_req = still
+        if self.chunked_req is None:
+            for req in self.waiting_queue:
+                if not adder.add_one_req(req):
+                    break
+            self.chunked_req = adder.new_chunked_req
+        if not adder.can_run:
+            return None
+        admitted = {id(r) for r in adder.can_run}
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        for req in adder.can_run:
+            if req.kv_len == 0 and req.num_retractions == 0:
+                req.cached_tokens = len(req.prefix_indices)
+                self.stats["cached_tokens"] += req.cached_tokens
+        batch = self._new_batch(adder.can_run)
+        batch.prepare_for_extend()
+        return batch
+
+    # ------------------------------------------------------------------ run
+    def run_batch(self, batch: ScheduleBatch):
+        mwb = batch.get_model_worker_batch()
+        result = self.model_runner.forward_batch_generation(mwb)
+        if self.checker is not None:
+            self.checker.check_forward_batch(result.forward_batch)
+        if self.tracer is not None:
+            self.tracer.record(self.forward_ct, batch, result, self)
+        self.forward_ct += 1
+        return result
+
+    def process_batch_result(self, batch: ScheduleBatch, result) -> None:
+        sample = result.sample_output
+        next_ids = sample.next_token_ids.tolist()
+        in_logprobs = result.logits_output.input_token_logprobs
+        for i, req in enumerate(batch.reqs):
+            req.kv_len = batch.seq_lens[i]
+            if in_logprobs is not None and in_logprobs[i] is not None:
+                req.input_token_logprobs.extend(in_logprobs[i])
+            if req.finished():
+                continue  # aborted while this step ran
+            if req.is_chunked:
+                self.tree_cache.cache_unfinished_req(req)
+                continue
+            if req.sampling_params.max_new_tokens == 0:
+                self._finish(req, FinishReason("length", matched=None))
+                continue
+            req.output_ids.append(next_ids[i])
+            self.stats["generation_tokens"] += 1
+            if sample.next_token_logprobs is not None and req.return_logprob:
+                req.output_token_logprobs.append(sample.next_token_logprobs[i])
+                if req.top_logprobs_num and sample.top_logprobs is not None:
+                    req.output_top_logprobs.append(sample.top_logprobs[i])
+            reason = self.output_processor.check_finished(req, self.model_config.context_len)
+            if reason is not None:
+                self._finish(req, reason)
+            else:
+                self.output_processor.maybe_stream(req)
+        if batch.forward_mode.is_decode():
+            self.new_token_ratio = max(
+                self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
+            )
+            self.running_batch.filter_batch()
+        else:
+            keep = [r for r in batch.reqs if not r.finished() and not r.is_chunked and r not in self.running_batch.reqs]
+            self.running_batch.filter_batch()
+            self.running_batch.merge_batch(self._new_batch(keep))
+
+    # ------------------------------------------------------------------ control
+    def flush_cache(self) -> bool:
+        if self.has_work():
+            return False
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        self.stats["prompt_tokens"] = self.stats["cached_tokens"] = 0
+        return True
+
+    def get_server_info(self) -> dict:
+        cached = self.tree_cache.total_size()
+        total = self.allocator.total_size
+        return {
+            "max_total_num_tokens": total,
+            "num_used_tokens": total - self.allocator.available_size() - cached,
+            "num_cached_tokens": cached,
+            "num_running_reqs": len(self.running_batch.reqs) + (1 if self.chunked_req else 0),
+            "num_waiting_reqs": len(self.waiting_queue),
+            "cache_hit_rate": self.stats["cached_tokens"] / max(1, self.stats["prompt_tokens"]),
+            "num_retractions": self.stats["num_retractions"],
+            "generation_tokens": self.stats["generation_tokens"],
+            "prompt_tokens": self.stats["prompt_tokens"],
+            "context_len": self.model_config.context_len,
+        }

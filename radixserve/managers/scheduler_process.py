@@ -1,0 +1,138 @@
+"""The scheduler process: ZMQ in, Scheduler.step(), ZMQ out.
+
+    TokenizerManager --PUSH--> [ipc: to_scheduler]   --PULL--> SchedulerProcess
+    TokenizerManager <--PULL-- [ipc: from_scheduler] <--PUSH-- SchedulerProcess
+
+The loop blocks on the socket only when there is no work, so an idle server costs nothing and
+a busy one never waits for input between steps.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import pickle
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from radixserve.managers.io_struct import (
+    AbortReq,
+    BatchReqOutput,
+    FlushCacheReq,
+    GetServerInfoReq,
+    RpcOutput,
+    TokenizedGenerateReqInput,
+)
+from radixserve.server_args import ServerArgs
+
+
+@dataclass
+class SchedulerPorts:
+    to_scheduler: str  # ZMQ address the TokenizerManager pushes requests to
+    from_scheduler: str  # ZMQ address the scheduler pushes outputs to
+
+
+class ShutdownReq:
+    pass
+
+
+class SchedulerProcess:
+    def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int = 0) -> None:
+        from radixserve.managers.scheduler import Scheduler
+
+        self.scheduler = Scheduler(server_args, tp_rank=tp_rank)
+        self.ctx = zmq.Context(1)
+        self.recv_sock = self.ctx.socket(zmq.PULL)
+        self.recv_sock.bind(ports.to_scheduler)
+        self.send_sock = self.ctx.socket(zmq.PUSH)
+        self.send_sock.connect(ports.from_scheduler)
+        self.parent_pid = os.getppid()
+        self.running = True
+
+    def ready_info(self) -> dict[str, Any]:
+        s = self.scheduler
+        return {
+            "max_total_num_tokens": s.allocator.total_size,
+            "context_len": s.model_config.context_len,
+            "vocab_size": s.model_config.vocab_size,
+            "eos_token_ids": list(s.model_config.eos_token_ids),
+            "weight_bytes": s.model_runner.weight_bytes,
+        }
+
+    def recv_requests(self, block: bool) -> list[Any]:
+        msgs: list[Any] = []
+        if block and not self.recv_sock.poll(timeout=200):
+            if os.getppid() != self.parent_pid:  # the server died without telling us
+                self.running = False
+            return msgs
+        while True:
+            try:
+                msgs.append(self.recv_sock.recv_pyobj(zmq.NOBLOCK))
+            except zmq.ZMQError:
+                return msgs
+
+    def handle(self, msg: Any) -> None:
+        s = self.scheduler
+        if isinstance(msg, TokenizedGenerateReqInput):
+            err = s.add_request(msg)
+            if err is not None:
+                self.send_sock.send_pyobj(BatchReqOutput([err]))
+        elif isinstance(msg, AbortReq):
+            s.abort_request(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            self.send_sock.send_pyobj(RpcOutput("flush_cache", ok=s.flush_cache()))
+        elif isinstance(msg, GetServerInfoReq):
+            self.send_sock.send_pyobj(RpcOutput("server_info", data=s.get_server_info()))
+        elif isinstance(msg, ShutdownReq):
+            self.running = False
+
+    def event_loop(self) -> None:
+        s = self.scheduler
+        while self.running:
+            for msg in self.recv_requests(block=not s.has_work()):
+                self.handle(msg)
+            if s.has_work() or s.output_processor.pending:
+                outputs = s.step()
+                if outputs:
+                    self.send_sock.send_pyobj(BatchReqOutput(outputs))
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM when the parent dies, even by SIGKILL (no orphaned schedulers)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass  # elsewhere the getppid() check in the idle loop catches it
+
+
+def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int, ready_addr: str) -> None:
+    """Entry point of the scheduler process; reports 'ready' (or the error) on ready_addr."""
+    _die_with_parent()
+    faulthandler.register(signal.SIGUSR1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    logging.basicConfig(level=server_args.log_level.upper())
+    ready = zmq.Context.instance().socket(zmq.PUSH)
+    ready.connect(ready_addr)
+    try:
+        proc = SchedulerProcess(server_args, ports, tp_rank)
+    except Exception as e:  # report any start-up failure to the parent verbatim
+        ready.send_pyobj({"status": "error", "exc_type": type(e).__name__, "error": f"{type(e).__name__}: {e}",
+                          "traceback": traceback.format_exc()})
+        ready.close(linger=2000)
+        return
+    ready.send_pyobj({"status": "ready", **proc.ready_info()})
+    ready.close(linger=2000)
+    proc.event_loop()
+
+
+if __name__ == "__main__":
+    run_scheduler_process(*pickle.loads(sys.stdin.buffer.read()))

@@ -1,0 +1,85 @@
+"""The two device-side pools every forward reads: request rows and per-layer K/V buffers.
+
+    ReqToTokenPool.req_to_token [max_reqs, max_context_len]   row r: token position -> KV slot
+    KVPool.k_buffer[layer]      [num_slots, kv_heads, head_dim] slot -> key of one token
+    KVPool.v_buffer[layer]      [num_slots, kv_heads, head_dim] slot -> value of one token
+
+NOTE: slot 0 (page 0 when page_size > 1) is never handed out by the allocator; padded entries
+of out_cache_loc / req_to_token point there and read or write garbage harmlessly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """Rows of token-position -> KV-slot maps, one row per running request."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        # int64 so it can index the KV buffers directly (no cast on the decode hot path).
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=self.device)
+        self.free_slots: list[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self) -> int | None:
+        """One free row, or None when every row is taken."""
+        if not self.free_slots:
+            return None
+        return self.free_slots.pop()
+
+    def free(self, idx: int) -> None:
+        if idx in self.free_slots or not 0 <= idx < self.size:
+            raise ValueError(f"ReqToTokenPool.free: row {idx} is not allocated")
+        self.req_to_token[idx].zero_()
+        self.free_slots.append(idx)
+
+    def write(self, idx: int, start: int, slots: torch.Tensor) -> None:
+        end = start + slots.numel()
+        if end > self.max_context_len:
+            raise ValueError(f"sequence of {end} tokens exceeds the context length {self.max_context_len}")
+        self.req_to_token[idx, start:end] = slots
+
+    def clear(self) -> None:
+        self.req_to_token.zero_()
+        self.free_slots = list(range(self.size))
+
+
+class KVPool:
+    """Per-layer K and V buffers indexed by KV slot (MHA/GQA layout)."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.num_slots = num_slots
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffer[layer_id], self.v_buffer[layer_id]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write this step's K/V ([n, kv_heads, head_dim]) at the slots the scheduler chose."""
+        self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
+        self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))

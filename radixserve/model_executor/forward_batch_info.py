@@ -1,0 +1,202 @@
+"""ForwardMode, ModelWorkerBatch and ForwardBatch: the execution side of the batch pipeline.
+
+    ScheduleBatch (CPU, scheduler)        who runs this step and why: Reqs, queues, prefix matches
+        | get_model_worker_batch()
+        v
+    ModelWorkerBatch (CPU, plain data)    a snapshot: no live Req objects, so the scheduler may
+        |                                 mutate its own state while this step computes
+        | ForwardBatch.init_new(mwb, model_runner)
+        v
+    ForwardBatch (device tensors)         what to compute: input_ids, positions, seq_lens,
+        |                                 out_cache_loc, sampling info; nothing about queues
+        v
+    ModelRunner.forward()                 how: this model, this attention backend, this TP rank
+
+Index arithmetic for one EXTEND request (prefix cached, new part computed this step):
+
+    position:   0 ........ prefix_len-1 | prefix_len ........ seq_len-1
+    KV:         read from req_to_token   | written at out_cache_loc (extend_len slots)
+    query:      -                        | extend_len rows of input_ids / positions
+
+DECODE is the case extend_len == 1, prefix_len == seq_len - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, auto
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+    from radixserve.sampling.sampling_params import SamplingParams
+
+
+class ForwardMode(IntEnum):
+    PREFILL = auto()  # whole prompt, no cached prefix: attention over the new tokens only
+    EXTEND = auto()  # new tokens after a cached prefix (radix hit or previous chunk)
+    DECODE = auto()  # one token per request against the whole history
+    MIXED = auto()  # EXTEND requests and DECODE requests in one forward
+    TARGET_VERIFY = auto()  # k draft tokens + 1 per request, causal among themselves, against history
+    IDLE = auto()  # no work, but this rank must still join collectives
+
+    def is_prefill(self) -> bool:
+        return self == ForwardMode.PREFILL
+
+    def is_extend(self) -> bool:
+        """Any mode whose requests may carry more than one query token (the EXTEND family)."""
+        return self in (ForwardMode.PREFILL, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+    def is_mixed(self) -> bool:
+        return self == ForwardMode.MIXED
+
+    def is_target_verify(self) -> bool:
+        return self == ForwardMode.TARGET_VERIFY
+
+    def is_idle(self) -> bool:
+        return self == ForwardMode.IDLE
+
+
+class CaptureHiddenMode(IntEnum):
+    NULL = 0
+    LAST = 1  # hidden state of the last token of each request
+    FULL = 2  # hidden state of every token
+
+
+@dataclass
+class ModelWorkerBatch:
+    """Plain snapshot handed from the scheduler to the execution layer (CPU lists, one tensor)."""
+
+    forward_mode: ForwardMode
+    input_ids: list[int]  # [n_tokens] all requests' new tokens, concatenated
+    req_pool_indices: list[int]  # [bs]
+    seq_lens: list[int]  # [bs] length after this step
+    prefix_lens: list[int]  # [bs] tokens already in the KV cache
+    out_cache_loc: torch.Tensor  # [n_tokens] int64 slots, allocated by the scheduler
+    sampling_params: list[SamplingParams]
+    # Token history per request; only needed for penalties / seeds (None = not needed).
+    output_ids: list[list[int]] | None = None
+    return_logprob: bool = False
+    top_logprobs_nums: list[int] = field(default_factory=list)
+    # Per request, None or the token that follows each of its positions in this step (the
+    # prompt tokens whose logprobs are wanted); the scheduler knows the prompt, the runner does not.
+    prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
+    capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
+    spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (see speculative/ngram.py)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def extend_lens(self) -> list[int]:
+        return [s - p for s, p in zip(self.seq_lens, self.prefix_lens)]
+
+
+@dataclass
+class ForwardBatch:
+    """Everything one forward pass consumes, as device tensors, built complete by init_new."""
+
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [n_tokens] int64
+    positions: torch.Tensor  # [n_tokens] int64
+    req_pool_indices: torch.Tensor  # [bs] int64
+    seq_lens: torch.Tensor  # [bs] int64
+    seq_lens_cpu: list[int]
+    seq_lens_sum: int
+    extend_seq_lens: torch.Tensor  # [bs] new tokens per request (1 for decode)
+    extend_prefix_lens: torch.Tensor  # [bs] cached tokens per request
+    extend_start_loc: torch.Tensor  # [bs] offset of each request's first new token in input_ids
+    extend_seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int]
+    out_cache_loc: torch.Tensor  # [n_tokens] int64
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: KVPool
+    sampling_info: SamplingBatchInfo | None
+    return_logprob: bool = False
+    top_logprobs_nums: list[int] = field(default_factory=list)
+    prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
+    capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
+    spec_info: Any = None
+    attn_backend: Any = None
+    # The one documented late addition: the attention backend's per-step metadata, derived
+    # once in init_forward_metadata() and shared by every layer.
+    attn_metadata: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @classmethod
+    def init_new(cls, batch: ModelWorkerBatch, model_runner: ModelRunner) -> ForwardBatch:
+        from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+
+        device = model_runner.device
+        bs = batch.batch_size
+        seq_lens_cpu = list(batch.seq_lens)
+        prefix_cpu = list(batch.prefix_lens)
+        extend_cpu = [s - p for s, p in zip(seq_lens_cpu, prefix_cpu)]
+        n_tokens = len(batch.input_ids)
+        if sum(extend_cpu) != n_tokens or batch.out_cache_loc.numel() != n_tokens:
+            raise ValueError(
+                f"inconsistent batch: {n_tokens} input ids, {sum(extend_cpu)} extend tokens, "
+                f"{batch.out_cache_loc.numel()} out_cache_loc slots"
+            )
+        seq_lens = torch.tensor(seq_lens_cpu, dtype=torch.int64)
+        if batch.forward_mode.is_decode():
+            positions = seq_lens - 1
+            extend_lens = torch.ones(bs, dtype=torch.int64)
+            start_loc = torch.arange(bs, dtype=torch.int64)
+        else:
+            extend_lens = torch.tensor(extend_cpu, dtype=torch.int64)
+            start_loc = torch.zeros(bs, dtype=torch.int64)
+            if bs > 1:
+                start_loc[1:] = torch.cumsum(extend_lens[:-1], 0)
+            # positions = concat(arange(prefix_i, seq_i)): a ramp per request
+            req_of_token = torch.repeat_interleave(torch.arange(bs), extend_lens)
+            positions = torch.arange(n_tokens, dtype=torch.int64) - start_loc[req_of_token]
+            positions += torch.tensor(prefix_cpu, dtype=torch.int64)[req_of_token]
+        sampling_info = None
+        if bs and not batch.forward_mode.is_idle():
+            sampling_info = SamplingBatchInfo.build(
+                batch.sampling_params,
+                batch.output_ids,
+                vocab_size=model_runner.model_config.vocab_size,
+                eos_token_ids=model_runner.model_config.eos_token_ids,
+                device=device,
+            )
+        fb = cls(
+            forward_mode=batch.forward_mode,
+            batch_size=bs,
+            input_ids=torch.tensor(batch.input_ids, dtype=torch.int64).to(device),
+            positions=positions.to(device),
+            req_pool_indices=torch.tensor(batch.req_pool_indices, dtype=torch.int64).to(device),
+            seq_lens=seq_lens.to(device),
+            seq_lens_cpu=seq_lens_cpu,
+            seq_lens_sum=sum(seq_lens_cpu),
+            extend_seq_lens=extend_lens.to(device),
+            extend_prefix_lens=torch.tensor(prefix_cpu, dtype=torch.int64).to(device),
+            extend_start_loc=start_loc.to(device),
+            extend_seq_lens_cpu=extend_cpu,
+            extend_prefix_lens_cpu=prefix_cpu,
+            out_cache_loc=batch.out_cache_loc.to(device),
+            req_to_token_pool=model_runner.req_to_token_pool,
+            token_to_kv_pool=model_runner.token_to_kv_pool,
+            sampling_info=sampling_info,
+            return_logprob=batch.return_logprob,
+            top_logprobs_nums=list(batch.top_logprobs_nums) or [0] * bs,
+            prompt_logprob_targets=list(batch.prompt_logprob_targets) or [None] * bs,
+            capture_hidden_mode=batch.capture_hidden_mode,
+            spec_info=batch.spec_info,
+            attn_backend=model_runner.attn_backend,
+        )
+        model_runner.attn_backend.init_forward_metadata(fb)
+        return fb

@@ -1,0 +1,157 @@
+"""ModelRunner: the execution shell.
+
+It owns the model, the parallel state (tp rank/size), the memory pools' tensors, the attention
+backend and the sampler, and turns one ForwardBatch into logits and next tokens. It never
+picks requests and never sees a Req: the scheduler has decided *who* runs; this decides *how*.
+
+Init order (each step needs the one before):
+    parallel state -> model config -> weights (this rank's shard) -> KV pool sized from what is
+    left -> attention backend -> sampler
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
+from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from radixserve.layers.logits_processor import LogitsProcessorOutput
+from radixserve.layers.sampler import Sampler
+from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
+from radixserve.model_loader import get_model_config, iterate_weights
+from radixserve.models.registry import get_model_class
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class SampleOutput:
+    next_token_ids: torch.Tensor  # [bs] int64 ([bs * (k+1)] for TARGET_VERIFY, greedy per row)
+    next_token_logprobs: list[float] | None = None  # logprob of the chosen token (raw distribution)
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per row: [(token id, logprob)] * k
+
+
+@dataclass
+class GenerationBatchResult:
+    logits_output: LogitsProcessorOutput
+    sample_output: SampleOutput
+    forward_batch: ForwardBatch
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        tp_rank: int = 0,
+        parallel_state: ParallelState | None = None,
+        model: torch.nn.Module | None = None,
+    ) -> None:
+        """`model`: reuse already-loaded weights (same model path and tp layout) — lets tests and
+        benchmarks compare pool/page configurations without reloading."""
+        self.server_args = server_args
+        self.device = torch.device(server_args.device if server_args.device != "cuda" else f"cuda:{tp_rank}")
+        self.dtype = DTYPES[server_args.dtype]
+        self.tp_rank = tp_rank
+        self.tp_size = server_args.tp_size
+        if self.device.type == "cpu" and server_args.num_threads:
+            torch.set_num_threads(server_args.num_threads)
+        self.parallel_state = parallel_state or init_parallel_state(
+            tp_rank, server_args.tp_size, server_args.dist_init_addr, server_args.device
+        )
+        self.model_path = server_args.resolved_model_path()
+        self.model_config = get_model_config(self.model_path, server_args.context_length)
+        self.spec_algorithm = server_args.speculative_algorithm
+        self._load_model(model)
+        self._init_memory_pool()
+        self.attn_backend = TorchNativeAttnBackend(self.device)
+        self.sampler = Sampler()
+
+    # ------------------------------------------------------------------ init
+    def _load_model(self, model: torch.nn.Module | None) -> None:
+        t0 = time.perf_counter()
+        if model is not None:
+            self.model = model
+            self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            return
+        cls = get_model_class(self.model_config.architecture)
+        self.model = cls(self.model_config, self.parallel_state).to(dtype=self.dtype)
+        self.model.load_weights(iterate_weights(self.model_path))
+        self.model.to(self.device).eval()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
+
+    def _profile_max_num_tokens(self) -> int:
+        cfg = self.model_config
+        per_token = KVPool.bytes_per_token(
+            cfg.num_hidden_layers, max(1, cfg.num_key_value_heads // self.tp_size), cfg.head_dim, self.dtype
+        )
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - total * (1 - self.server_args.mem_fraction_static)
+        else:
+            # CPU: a capped share of the RAM still available after the weights are loaded.
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            budget = min(self.server_args.cpu_kv_cache_gb * 2**30, 0.4 * avail)
+        return max(int(budget // per_token), 4 * self.server_args.page_size)
+
+    def _init_memory_pool(self) -> None:
+        args, cfg = self.server_args, self.model_config
+        self.max_total_num_tokens = args.max_total_tokens or self._profile_max_num_tokens()
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, args.page_size, self.device)
+        # Headroom past context_len for speculative draft tokens written before verification.
+        self.req_to_token_pool = ReqToTokenPool(
+            args.max_running_requests + 1, cfg.context_len + args.speculative_num_draft_tokens + 1, self.device
+        )
+        self.token_to_kv_pool = KVPool(
+            self.token_to_kv_pool_allocator.size,
+            cfg.num_hidden_layers,
+            max(1, cfg.num_key_value_heads // self.tp_size),
+            cfg.head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    # ------------------------------------------------------------------ run
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """One forward pass; the mode decides the attention path inside the backend."""
+        mode = forward_batch.forward_mode
+        if mode.is_idle():
+            return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
+        return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    @torch.inference_mode()
+    def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
+        logits = logits_output.next_token_logits
+        if forward_batch.forward_mode.is_target_verify():
+            # Verification is greedy per draft position (speculative decoding keeps greedy exact).
+            return SampleOutput(next_token_ids=torch.argmax(logits, dim=-1))
+        raw = logits.clone() if forward_batch.return_logprob else None
+        next_ids = self.sampler(logits, forward_batch.sampling_info)
+        out = SampleOutput(next_token_ids=next_ids)
+        if raw is not None:
+            logprobs = torch.log_softmax(raw.float(), dim=-1)
+            out.next_token_logprobs = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1).tolist()
+            k = max(forward_batch.top_logprobs_nums, default=0)
+            if k > 0:
+                vals, ids = logprobs.topk(k, dim=-1)
+                out.top_logprobs = [
+                    list(zip(ids[i, :n].tolist(), vals[i, :n].tolist()))
+                    for i, n in enumerate(forward_batch.top_logprobs_nums)
+                ]
+        return out
+
+    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        """ModelWorkerBatch -> ForwardBatch -> forward -> sample: the whole execution step."""
+        forward_batch = ForwardBatch.init_new(batch, self)
+        logits_output = self.forward(forward_batch)
+        return GenerationBatchResult(logits_output, self.sample(logits_output, forward_batch), forward_batch)

@@ -1,0 +1,120 @@
+"""Load a model from a single GGUF file: config, float32 weights under HF names, and tokenizer."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.model_loader import gguf_cache
+from radixserve.model_loader.gguf_config import PERMUTED_QK_ARCHITECTURES, gguf_architecture, gguf_hf_config
+from radixserve.model_loader.gguf_file import (
+    SUPPORTED_TENSOR_TYPES,
+    GGUFFile,
+    open_gguf,
+    unsupported_type_message,
+)
+from radixserve.model_loader.gguf_names import hf_parameter_name, permuted_head_count, unpermute_rows
+from radixserve.model_loader.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def get_gguf_config(path: str, context_length: int | None = None) -> ModelConfig:
+    """The ModelConfig of a GGUF model; `context_length` overrides its trained context length.
+
+    The HF-style dict is cached on disk (not the ModelConfig) so the override is applied and
+    validated by the same code whether or not the cache hit.
+    """
+    entry = gguf_cache.cache_entry(path)
+    cfg = gguf_cache.load_config(entry) if entry else None
+    if cfg is None:
+        cfg = gguf_hf_config(open_gguf(path))
+        ModelConfig.from_hf_config(cfg)  # validate before caching: a bad file must keep failing
+        if entry:
+            gguf_cache.save_config(entry, cfg)
+    return ModelConfig.from_hf_config(cfg, context_length)
+
+
+def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(hf_name, float32 tensor)` for every parameter in a GGUF file, one at a time.
+
+    Every tensor's name and type is checked before the first is yielded, so an unsupported file fails
+    fast instead of half way through a load. Quantised tensors are dequantised with gguf's reference
+    code, and q/k projections are un-permuted back to HF's RoPE layout where llama.cpp permuted them.
+    The results are cached on disk on the first full pass and read back from there afterwards.
+    """
+    entry = gguf_cache.cache_entry(path)
+    cached = gguf_cache.cached_weights(entry) if entry else None
+    if cached is not None:
+        return cached
+    f = open_gguf(path)
+    arch = gguf_architecture(f)
+    cfg = gguf_hf_config(f)
+    plan: list[tuple[str, str, int | None]] = []
+    for gguf_name, tensor in f.tensors.items():
+        hf_name = hf_parameter_name(gguf_name)
+        if hf_name is None:
+            continue
+        if tensor.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise ValueError(unsupported_type_message(f.path, gguf_name, tensor.tensor_type))
+        heads = None
+        if arch in PERMUTED_QK_ARCHITECTURES:
+            heads = permuted_head_count(gguf_name, cfg["num_attention_heads"], cfg["num_key_value_heads"])
+        plan.append((gguf_name, hf_name, heads))
+    if entry:
+        layout = [(hf_name, f.hf_shape(gguf_name)) for gguf_name, hf_name, _ in plan]
+        return gguf_cache.write_weights_through(entry, layout, _stream(f, plan))
+    return _stream(f, plan)
+
+
+def _stream(f: GGUFFile, plan: list[tuple[str, str, int | None]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for gguf_name, hf_name, heads in plan:
+        weight = torch.from_numpy(f.dequantize(gguf_name))
+        if heads is not None:
+            weight = unpermute_rows(weight, heads)
+        yield hf_name, weight
+
+
+def get_gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """A fast tokenizer built by transformers from the GGUF vocabulary, with the file's chat template.
+
+    Cached per file, in memory and on disk: building it re-parses the whole GGUF (several seconds).
+    """
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    return _tokenizer_cached(real, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_cached(path: str, mtime_ns: int, size: int) -> PreTrainedTokenizerBase:
+    entry = gguf_cache.cache_entry(path, size, mtime_ns)
+    tokenizer = gguf_cache.load_tokenizer(entry) if entry else None
+    if tokenizer is None:
+        tokenizer = _build_tokenizer(path)
+        if entry:
+            gguf_cache.save_tokenizer(entry, tokenizer)
+    return tokenizer
+
+
+def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    f = open_gguf(path)  # validates the file first, for a clear error on a corrupt one
+    folder, name = os.path.split(path)
+    # transformers is imported lazily: weights and configs load without paying for it.
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except Exception as exc:  # transformers raises a variety of types for an unusable vocabulary
+        raise ValueError(f"cannot build a tokenizer from GGUF file {path}: {exc}") from exc
+    if not tokenizer.is_fast:
+        raise ValueError(f"transformers built a slow tokenizer from {path}; a fast one is required")
+    template = f.get("tokenizer.chat_template", None)
+    if template:
+        # Take the template straight from the file so it is exactly what the model was released with.
+        tokenizer.chat_template = template
+    return tokenizer

@@ -1,0 +1,93 @@
+"""Translate GGUF metadata into an HF-style config dict (then ModelConfig.from_hf_config does the rest)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixserve.model_loader.gguf_file import GGUFFile
+from radixserve.model_loader.gguf_rope import gguf_rope_scaling
+
+# general.architecture -> HF architecture.
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+
+# convert_hf_to_gguf permutes q/k rows for these (for its interleaved RoPE); Qwen2 is written as-is.
+PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "mistral"})
+
+# Token ids llama.cpp treats as end-of-generation, besides plain EOS (end-of-turn, end-of-message).
+_EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def gguf_architecture(f: GGUFFile) -> str:
+    """The llama.cpp architecture name, validated against the ones we serve."""
+    if not f.has("general.architecture"):
+        raise ValueError(f"GGUF file {f.path} has no general.architecture metadata")
+    arch = f.architecture
+    if arch not in GGUF_ARCHITECTURES:
+        supported = ", ".join(sorted(GGUF_ARCHITECTURES))
+        raise ValueError(f"GGUF file {f.path} has unsupported architecture {arch!r} (supported: {supported})")
+    return arch
+
+
+def gguf_hf_config(f: GGUFFile) -> dict[str, Any]:
+    """An HF `config.json`-style dict built from the file's metadata and tensor shapes."""
+    arch = gguf_architecture(f)
+    if int(f.get("split.count", 1)) > 1:
+        raise ValueError(f"GGUF file {f.path} is one part of a split model; merge it with gguf-split first")
+
+    def meta(key: str, default: Any = None) -> Any:
+        value = f.get(f"{arch}.{key}", default)
+        if isinstance(value, list):
+            # Per-layer arrays (e.g. varying head counts) describe models we do not serve.
+            # ValueError, not TypeError: the loader's contract is ValueError for any unusable model file.
+            raise ValueError(f"GGUF file {f.path}: per-layer {arch}.{key} is not supported")  # noqa: TRY004
+        return value
+
+    def required(key: str) -> Any:
+        value = meta(key)
+        if value is None:
+            raise ValueError(f"GGUF file {f.path} is missing metadata {arch}.{key}")
+        return value
+
+    hidden = int(required("embedding_length"))
+    heads = int(required("attention.head_count"))
+    kv_heads = int(meta("attention.head_count_kv", heads))
+    # key_length is written when head_dim != hidden/heads; llama.cpp also records the rotary width,
+    # which for these fully-rotary architectures is the head size.
+    head_dim = int(
+        meta("attention.key_length", None) or meta("rope.dimension_count", None) or hidden // heads
+    )
+    rope_theta = float(meta("rope.freq_base", 10000.0))
+    return {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "hidden_size": hidden,
+        "intermediate_size": int(required("feed_forward_length")),
+        "num_hidden_layers": int(required("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": _vocab_size(f, arch),
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": rope_theta,
+        "rope_scaling": gguf_rope_scaling(f, rope_theta, head_dim),
+        "max_position_embeddings": int(required("context_length")),
+        "tie_word_embeddings": "output.weight" not in f.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in f.tensors,
+        "hidden_act": "silu",
+        "bos_token_id": f.get("tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": [f.get(key) for key in _EOS_KEYS if f.has(key)],
+    }
+
+
+def _vocab_size(f: GGUFFile, arch: str) -> int:
+    # The embedding's row count is what the weights need; the token list can be shorter when a
+    # converter padded the embedding, so it is only a fallback.
+    if "token_embd.weight" in f.tensors:
+        return f.hf_shape("token_embd.weight")[0]
+    size = f.get(f"{arch}.vocab_size", None) or f.array_len("tokenizer.ggml.tokens")
+    if not size:
+        raise ValueError(f"GGUF file {f.path} has neither token_embd.weight nor a vocabulary size")
+    return int(size)

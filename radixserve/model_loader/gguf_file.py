@@ -1,0 +1,132 @@
+"""One parsed GGUF file: metadata access, tensor lookup and dequantisation, cached per file.
+
+Parsing is the expensive part of GGUF loading (gguf's reader walks every vocabulary string; ~6 s for
+the 49k-token default model on a small machine), so each file is parsed once and shared by the
+config, weight and tokenizer loaders.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+
+# Tensor types we dequantise (all through gguf.quants). The list is deliberately explicit: gguf can
+# also decode e.g. the IQ families, but we neither test them nor promise them.
+SUPPORTED_TENSOR_TYPES: frozenset[QType] = frozenset(
+    {
+        QType.F32, QType.F16, QType.BF16,
+        QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
+        QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
+    }
+)  # fmt: skip
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    """A parsed GGUF file: its path, gguf's reader, and tensors by llama.cpp name."""
+
+    path: str
+    reader: gguf.GGUFReader
+    tensors: dict[str, Any] = field(repr=False)
+
+    @property
+    def architecture(self) -> str:
+        """The `general.architecture` metadata value (e.g. "llama")."""
+        return str(self.get("general.architecture"))
+
+    def has(self, key: str) -> bool:
+        """Whether the metadata has `key`."""
+        return key in self.reader.fields
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        """The metadata value under `key` as a Python scalar, str or list.
+
+        Raises ValueError when the key is absent and no default is given.
+        """
+        fld = self.reader.fields.get(key)
+        if fld is None:
+            if default is _MISSING:
+                raise ValueError(f"GGUF file {self.path} has no metadata key {key!r}")
+            return default
+        return _field_value(fld)
+
+    def array_len(self, key: str) -> int | None:
+        """Length of an array-valued metadata entry without decoding it (None when absent)."""
+        fld = self.reader.fields.get(key)
+        return None if fld is None else len(fld.data)
+
+    def hf_shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape in PyTorch order (ggml lists dimensions innermost-first)."""
+        return tuple(int(n) for n in reversed(self.tensors[name].shape))
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """Tensor `name` as a fresh, writable float32 array in PyTorch order ([out, in] for matrices)."""
+        tensor = self.tensors[name]
+        if tensor.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise ValueError(unsupported_type_message(self.path, name, tensor.tensor_type))
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        # F32 comes back as a view of the read-only memmap; torch wants memory it may own and write.
+        if not values.flags.writeable:
+            values = values.copy()
+        return values.astype(np.float32, copy=False).reshape(self.hf_shape(name))
+
+
+def unsupported_type_message(path: str, name: str, qtype: QType | int) -> str:
+    """The error text for a tensor whose ggml type we do not dequantise."""
+    type_name = qtype.name if isinstance(qtype, QType) else f"type id {int(qtype)}"
+    supported = ", ".join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))
+    return f"GGUF tensor {name!r} in {path} has unsupported type {type_name} (supported: {supported})"
+
+
+def open_gguf(path: str) -> GGUFFile:
+    """Parse (or fetch from the cache) the GGUF file at `path`.
+
+    The cache key includes the file's size and mtime so a file rewritten in place is re-read.
+    Raises ValueError when the file is truncated, corrupt or not GGUF at all.
+    """
+    real = os.path.realpath(path)
+    try:
+        stat = os.stat(real)
+    except OSError as exc:
+        raise ValueError(f"cannot read GGUF file {path}: {exc}") from exc
+    return _open_cached(real, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
+    del mtime_ns  # only part of the cache key
+    bad_file = f"{path} is truncated or not a GGUF file"
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # gguf raises ValueError/IndexError/struct errors depending on where it stops
+        raise ValueError(f"{bad_file} ({type(exc).__name__}: {exc})") from exc
+    tensors: dict[str, Any] = {}
+    for tensor in reader.tensors:
+        # gguf's reader already fails to reshape a short tensor; this also catches a file cut exactly
+        # at a tensor boundary, and says which tensor is short.
+        if tensor.data_offset + tensor.n_bytes > size or tensor.data.nbytes != tensor.n_bytes:
+            raise ValueError(f"{bad_file}: tensor {tensor.name!r} extends past the end of the file")
+        tensors[tensor.name] = tensor
+    return GGUFFile(path=path, reader=reader, tensors=tensors)
+
+
+def _field_value(fld: Any) -> Any:
+    """Decode a ReaderField with only the long-stable `parts`/`data`/`types` attributes."""
+    types = list(fld.types)
+    if not types:
+        return None
+    if types[0] == gguf.GGUFValueType.ARRAY:
+        if types[-1] == gguf.GGUFValueType.STRING:
+            return [bytes(fld.parts[i]).decode("utf-8") for i in fld.data]
+        return [fld.parts[i].tolist()[0] for i in fld.data]
+    if types[0] == gguf.GGUFValueType.STRING:
+        return bytes(fld.parts[-1]).decode("utf-8")
+    return fld.parts[-1].tolist()[0]

@@ -1,0 +1,22 @@
+"""Model classes by Hugging Face architecture name."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from radixserve.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+}
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    try:
+        return MODEL_REGISTRY[architecture]
+    except KeyError:
+        raise ValueError(
+            f"unknown model architecture {architecture!r}; supported: {', '.join(sorted(MODEL_REGISTRY))}"
+        ) from None

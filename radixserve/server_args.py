@@ -1,0 +1,153 @@
+"""ServerArgs: the single source of every knob.
+
+The CLI (`radixserve serve|generate|bench ...`) is generated from the dataclass fields, so a
+knob exists in exactly one place: its default and help text live here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, get_args, get_origin
+
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+def _knob(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # --- model ---
+    model_path: str | None = _knob(None, "GGUF file or Hugging Face folder; None = embedded SmolLM2-135M")
+    tokenizer_path: str | None = _knob(None, "tokenizer location if it differs from model_path")
+    served_model_name: str | None = _knob(None, "model name reported by /v1/models (default: file name)")
+    dtype: str = _knob("float32", "compute dtype: float32 | float16 | bfloat16 (CPU: use float32)")
+    device: str = _knob("cpu", "cpu | cuda")
+    context_length: int | None = _knob(None, "override the model's context length (tokens)")
+    # --- HTTP ---
+    host: str = _knob("127.0.0.1", "HTTP bind address")
+    port: int = _knob(30000, "HTTP port")
+    api_key: str | None = _knob(None, "if set, requests must send 'Authorization: Bearer KEY'")
+    # --- memory ---
+    max_total_tokens: int | None = _knob(None, "KV pool size in tokens (default: from the memory budget)")
+    mem_fraction_static: float = _knob(0.8, "GPU: fraction of device memory for weights + KV pool")
+    cpu_kv_cache_gb: float = _knob(2.0, "CPU: cap on the KV pool size in GiB")
+    page_size: int = _knob(1, "KV slots per page; prefixes are shared in whole pages")
+    # --- scheduling ---
+    max_running_requests: int = _knob(64, "most requests decoding at once")
+    max_prefill_tokens: int = _knob(8192, "most prompt tokens admitted into one prefill step")
+    chunked_prefill_size: int = _knob(2048, "a longer prompt runs as several EXTEND chunks; <=0 disables")
+    schedule_policy: str = _knob("fcfs", "fcfs | lpm (longest prefix match first)")
+    disable_radix_cache: bool = _knob(False, "no prefix sharing: KV freed when a request finishes")
+    enable_mixed_chunk: bool = _knob(False, "run a prefill chunk and the running decodes in one MIXED forward")
+    init_new_token_ratio: float = _knob(0.7, "initial share of max_new_tokens reserved for running requests")
+    min_new_token_ratio: float = _knob(0.1, "floor the reservation decays to")
+    new_token_ratio_decay: float = _knob(0.001, "reservation decay per decode step")
+    stream_interval: int = _knob(1, "send streamed output every N tokens")
+    # --- parallelism ---
+    tp_size: int = _knob(1, "tensor-parallel ranks (processes)")
+    dp_size: int = _knob(1, "data-parallel replicas")
+    nnodes: int = _knob(1, "machines in the tensor-parallel group")
+    node_rank: int = _knob(0, "this machine's rank among nnodes")
+    dist_init_addr: str | None = _knob(None, "host:port of rank 0 for torch.distributed")
+    # --- speculative decoding ---
+    speculative_algorithm: str | None = _knob(None, "None | ngram")
+    speculative_num_draft_tokens: int = _knob(4, "draft tokens verified per step")
+    # --- misc ---
+    random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
+    num_threads: int | None = _knob(None, "torch intra-op threads in the scheduler (default: all cores)")
+    trace_batches: str | None = _knob(None, "write one JSON line per step to this file")
+    check_invariants: bool = _knob(False, "validate every ForwardBatch and the KV accounting each step")
+    log_level: str = _knob("warning", "logging level")
+    show_progress: bool = _knob(True, "tqdm bar for large offline batches")
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"ServerArgs.{name}: {why}")
+
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            bad("dtype", f"must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            bad("device", f"must be cpu or cuda, got {self.device!r}")
+        if self.page_size < 1:
+            bad("page_size", "must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
+            bad("max_total_tokens", "too small to hold even one page")
+        if self.max_running_requests < 1:
+            bad("max_running_requests", "must be >= 1")
+        if self.max_prefill_tokens < 1:
+            bad("max_prefill_tokens", "must be >= 1")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
+            bad("tp_size", "tp_size, dp_size and nnodes must be >= 1")
+        if self.speculative_algorithm not in (None, "ngram"):
+            bad("speculative_algorithm", f"must be None or 'ngram', got {self.speculative_algorithm!r}")
+        if self.context_length is not None and self.context_length < 2:
+            bad("context_length", "must be >= 2")
+        if not 0 < self.mem_fraction_static <= 1:
+            bad("mem_fraction_static", "must be in (0, 1]")
+
+    # NOTE: chunking is expressed in whole pages so that a chunk boundary is a page boundary.
+    @property
+    def effective_chunk_size(self) -> int | None:
+        if self.chunked_prefill_size is None or self.chunked_prefill_size <= 0:
+            return None
+        return max(self.page_size, self.chunked_prefill_size // self.page_size * self.page_size)
+
+    def resolved_model_path(self) -> str:
+        if self.model_path is not None:
+            return self.model_path
+        from radixserve.model_loader.default_model import default_model_path
+
+        return default_model_path()
+
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        path = self.resolved_model_path()
+        return os.path.basename(os.path.normpath(path))
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown ServerArgs field(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    # ---------------- CLI ----------------
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            base = _base_type(f.type)
+            if base is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+            else:
+                parser.add_argument(flag, type=base, default=f.default, help=f"{help_text} (default: {f.default})")
+        # SGLang spells it --model too.
+        parser.add_argument("--model", dest="model_path", default=argparse.SUPPRESS, help="alias of --model-path")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def _base_type(annotation: Any) -> type:
+    # Annotations are strings under `from __future__ import annotations`.
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if text.split("|")[0].strip() == name:
+            return typ
+    if get_origin(annotation) is not None:
+        return next(a for a in get_args(annotation) if a is not type(None))
+    return str

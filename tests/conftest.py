@@ -1,0 +1,77 @@
+"""Session fixtures: one loaded model shared by every test that needs it.
+
+Imports of radixserve internals stay inside fixtures so that a test module that needs none of
+them never pays for them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Two cores: let torch use both, and keep tokenizers from forking thread pools.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> str:
+    from radixserve.model_loader.default_model import default_model_path as find
+
+    return find()
+
+
+@pytest.fixture(scope="session")
+def hf_oracle(default_model_path: str):
+    """transformers' own model, loaded from the same GGUF in float32: the correctness oracle."""
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(default_model_path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model_path: str):
+    from radixserve.model_loader import get_tokenizer
+
+    return get_tokenizer(default_model_path)
+
+
+@pytest.fixture(scope="session")
+def model_runner(default_model_path: str):
+    """The real ModelRunner on the default model, page_size 1, a modest KV pool."""
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.server_args import ServerArgs
+
+    args = ServerArgs(model_path=default_model_path, max_total_tokens=16384, max_running_requests=64)
+    return ModelRunner(args)
+
+
+@pytest.fixture(scope="session")
+def make_runner(model_runner):
+    """Build another ModelRunner (other page size / pool size) that shares the loaded weights."""
+    from radixserve.model_executor.model_runner import ModelRunner
+
+    def make(**overrides):
+        args = model_runner.server_args.replace(**overrides)
+        return ModelRunner(args, model=model_runner.model)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_scheduler(model_runner):
+    """An in-process Scheduler over the shared weights, with invariant checks on."""
+    from radixserve.managers.scheduler import Scheduler
+    from radixserve.model_executor.model_runner import ModelRunner
+
+    def make(**overrides):
+        overrides.setdefault("check_invariants", True)
+        args = model_runner.server_args.replace(**overrides)
+        return Scheduler(args, model_runner=ModelRunner(args, model=model_runner.model))
+
+    return make

