@@ -107,7 +107,7 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None, t
 
     def fmt(v: Any) -> str:
         if isinstance(v, float):
-            if v != v or math.isinf(v):
+            if math.isnan(v) or math.isinf(v):
                 return str(v)
             return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
         return str(v)

@@ -142,11 +142,15 @@ def build_workload(args: argparse.Namespace, tokenizer: Any) -> list[Conversatio
 
 
 def workload_summary(convs: list[Conversation]) -> dict[str, Any]:
+    """Counts of the workload itself. new_input_tokens: every token of text it introduces, each
+    shared prefix once (what an engine that never recomputed anything would prefill)."""
     turns = [t for c in convs for t in c.turns]
+    prefixes = {c.group: len(c.prefix_ids) for c in convs if c.prefix_ids}
     return {
         "conversations": len(convs),
         "requests": len(turns),
-        "new_input_tokens": sum(len(t.ids) for t in turns) + sum(len(c.prefix_ids) for c in convs),
+        "new_input_tokens": sum(len(t.ids) for t in turns) + sum(prefixes.values()),
+        "shared_prefix_tokens": sum(prefixes.values()),
         "requested_output_tokens": sum(t.output_len for t in turns),
     }
 

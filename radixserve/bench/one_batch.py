@@ -22,13 +22,15 @@ slots; see runner_driver.py), so attention reads real history of the stated leng
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
+import time
 from typing import Any
 
 import torch
 
 from radixserve.bench import model_cost
-from radixserve.bench.common import machine_info, parse_int_list, print_table, time_fn, write_json
+from radixserve.bench.common import machine_info, parse_int_list, print_table, synchronize, write_json
 from radixserve.bench.roofline import measure_roofline
 from radixserve.bench.runner_driver import RunnerDriver
 from radixserve.bench.step_profile import profile_step
@@ -78,6 +80,14 @@ def make_runner(args: argparse.Namespace) -> Any:
     return ModelRunner(server_args)
 
 
+def _seconds(device: torch.device, fn: Any, *args: Any) -> float:
+    """Wall time of one call (the device synchronised before the clock stops)."""
+    t0 = time.perf_counter()
+    fn(*args)
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
@@ -89,7 +99,7 @@ def bench_prefill(drv: RunnerDriver, lens: list[int], repeats: int, warmup: int)
         times = []
         for i in range(warmup + repeats):
             row = drv.new_row()
-            t = time_fn(lambda: drv.prefill(row, ids), repeats=1, warmup=0, device=runner.device)[0]
+            t = _seconds(runner.device, drv.prefill, row, ids)
             drv.release(row)
             if i >= warmup:
                 times.append(t)
@@ -119,11 +129,11 @@ def bench_decode(drv: RunnerDriver, ctx_lens: list[int], batch_sizes: list[int],
             times = []
             for i in range(warmup + repeats):
                 ids = drv.random_ids(bs)
-                t = time_fn(lambda: drv.decode(sel, ids), repeats=1, warmup=0, device=runner.device)[0]
+                t = _seconds(runner.device, drv.decode, sel, ids)
                 if i >= warmup:
                     times.append(t)
             if profile and ctx == ctx_lens[0] and bs in (min(wanted), max(wanted)):
-                prof = profile_step(lambda: drv.decode(sel, drv.random_ids(bs)), warmup=0)
+                prof = profile_step(functools.partial(drv.decode, sel, drv.random_ids(bs)), warmup=0)
                 profiles.append({"batch_size": bs, "context_len": ctx, **prof})
             for row in sel:
                 drv.truncate(row, ctx)

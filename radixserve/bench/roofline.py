@@ -6,7 +6,8 @@ it does ~S times fewer FLOPs per byte of weight read and is bounded by memory ba
 This benchmark measures both ceilings here, with the loaded model's own matrix shapes:
 
   * float32 matmul FLOP/s at prefill-like shapes ([512, hidden] x [hidden, intermediate], ...) and
-    decode-like shapes (1 row and 32 rows against the same weights), plus the arithmetic
+    decode-like shapes (1 row and 32 rows against the same weights; the LM head only at these,
+    as it sees one row per request even in prefill), plus the arithmetic
     intensity (FLOPs per byte moved) of each, so one can see which side of the ridge it sits on;
   * memory bandwidth: a large copy (read + write) and a large reduction (read only).
 
@@ -22,9 +23,16 @@ from typing import Any
 
 import torch
 
-from radixserve.bench.common import machine_info, parse_int_list, print_table, time_fn_min_duration, write_json
+from radixserve.bench.common import (
+    machine_info,
+    parse_int_list,
+    print_table,
+    time_fn_min_duration,
+    write_json,
+)
 
 DEFAULT_ROWS = [1, 32, 512]
+LM_HEAD_MAX_ROWS = 64  # the LM head sees one row per request, i.e. decode-like shapes only
 
 
 def linear_shapes(cfg: Any) -> dict[str, tuple[int, int]]:
@@ -101,6 +109,8 @@ def measure_roofline(cfg: Any | None = None, rows_list: list[int] | None = None,
     matmul = []
     for name, (fin, fout) in linear_shapes(cfg).items():
         for rows in rows_list:
+            if name == "lm_head" and rows > LM_HEAD_MAX_ROWS:
+                continue  # prefill computes logits for one row per request: never a tall LM-head GEMM
             matmul.append({"layer": name, **measure_matmul(rows, fin, fout, device=device, min_s=min_s)})
     bandwidth = measure_bandwidth(mem_mb, device=device, min_s=min_s)
     bw = max(bandwidth["copy_gb_per_s"], bandwidth["reduce_gb_per_s"])

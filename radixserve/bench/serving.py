@@ -29,8 +29,16 @@ import httpx
 from tqdm import tqdm
 
 from radixserve.bench.common import print_kv, summarize, write_json
-from radixserve.bench.datasets import (Conversation, Turn, add_dataset_args, build_workload, history_messages,
-                                       history_text, load_tokenizer, workload_summary)
+from radixserve.bench.datasets import (
+    Conversation,
+    Turn,
+    add_dataset_args,
+    build_workload,
+    history_messages,
+    history_text,
+    load_tokenizer,
+    workload_summary,
+)
 
 
 @dataclass
@@ -251,7 +259,8 @@ def main(argv: list[str] | None = None, tokenizer: Any = None) -> dict[str, Any]
     }
     if args.save_requests:
         out["requests"] = [{k: v for k, v in asdict(r).items() if k != "text"} for r in run["results"]]
-    report(metrics, f"serving: {args.dataset} via /v1/{args.endpoint} at {args.base_url} ({run['model']})")
+    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    report(metrics, f"serving: {args.dataset} via {path} at {args.base_url} ({run['model']})")
     write_json(args.json, out)
     return out
 

@@ -209,7 +209,7 @@ class Engine:
                 self._run(send_shutdown())
             self.handle.stop()
             self.handle = None
-        self.loop.call_soon_threadsafe(self.tm.close)
+        self._run(self.tm.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 

@@ -106,7 +106,7 @@ def build_app(state: ServerState) -> FastAPI:
             if state.handle.is_alive():
                 await tm.send_sock.send_pyobj(ShutdownReq())
             await asyncio.to_thread(state.handle.stop, SCHEDULER_STOP_TIMEOUT_S)
-            tm.close()
+            await tm.close()
 
     app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan)
     if args.api_key:

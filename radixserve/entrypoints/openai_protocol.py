@@ -26,7 +26,8 @@ class _SamplingFields(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names + vLLM extras)."""
 
     model: str | None = None
-    n: int = 1
+    # NOTE: None (JSON null, which some clients send for "unset") means the SamplingParams default.
+    n: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -37,14 +38,14 @@ class _SamplingFields(_Request):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     # extras (vLLM / SGLang spellings)
-    ignore_eos: bool = False
-    min_tokens: int = 0
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
     rid: str | None = None
 
 
@@ -52,9 +53,9 @@ class CompletionRequest(_SamplingFields):
     # str | list[str] | list[int] | list[list[int]]; the order matters: pydantic's smart union
     # keeps "abc" a str and [1, 2] a list of ints.
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's documented default for completions
+    max_tokens: int | None = None  # None: OpenAI's documented default for completions, 16
     logprobs: int | None = None  # top-k alternatives per token (0..20)
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
     user: str | None = None
@@ -71,7 +72,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # None = until EOS or the context is full
     max_completion_tokens: int | None = None  # the newer OpenAI name; wins over max_tokens
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
     user: str | None = None
 

@@ -1,4 +1,4 @@
-"""What every HTTP handler shares: errors, running a group of sub-requests, SSE, usage.
+"""What every HTTP handler shares: OpenAI-shaped errors, request groups (fan-out + abort), SSE.
 
 One API call fans out into sub-requests (prompts x n samples). Each runs the
 TokenizerManager's generator in its own asyncio task (`RequestGroup`) and the handler reads
@@ -97,6 +97,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SchedulerDied)
     async def _died(_: Request, e: SchedulerDied) -> Response:
         return scheduler_died(e).response()
+
+    @app.exception_handler(ConnectionAbortedError)
+    async def _client_gone(_: Request, e: ConnectionAbortedError) -> Response:
+        # Nobody reads this: the client hung up and its requests were aborted (nginx's 499).
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> Response:

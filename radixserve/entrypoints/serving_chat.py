@@ -51,7 +51,7 @@ class OpenAIServingChat(OpenAIServingBase):
         params = self.sampling_params(req, max_new)
         rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
         subs = self.fan_out([ids], params, rid)
-        group = RequestGroup(self.tm, subs, metrics=self.metrics, return_logprob=req.logprobs,
+        group = RequestGroup(self.tm, subs, metrics=self.metrics, return_logprob=bool(req.logprobs),
                              top_logprobs_num=top_k)
         if req.stream:
             return SSEResponse(self._stream(request, req, rid, group, top_k, params.n), group)

@@ -30,23 +30,25 @@ from radixserve.entrypoints.openai_serving import (
 )
 from radixserve.entrypoints.serving_base import OpenAIServingBase
 
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
 
 class OpenAIServingCompletion(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: CompletionRequest = await parse_body(request, CompletionRequest)
         self.check_model(req.model)
-        if req.best_of is not None and req.best_of != req.n:
+        if req.best_of is not None and req.best_of != (req.n or 1):
             raise APIError(400, "best_of is not supported (use n)", "best_of")
         if req.suffix:
             raise APIError(400, "suffix is not supported", "suffix")
         top_k = self.check_top_logprobs(req.logprobs, "logprobs")
         prompts = self._prompts(req.prompt)
-        params = self.sampling_params(req, req.max_tokens)
+        params = self.sampling_params(req, DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens)
         rid = req.rid or f"cmpl-{uuid.uuid4().hex}"
         subs = self.fan_out(prompts, params, rid)
         want_logprobs = req.logprobs is not None
         group = RequestGroup(self.tm, subs, metrics=self.metrics, return_logprob=want_logprobs,
-                             top_logprobs_num=top_k, return_prompt_logprob=want_logprobs and req.echo)
+                             top_logprobs_num=top_k, return_prompt_logprob=want_logprobs and bool(req.echo))
         if req.stream:
             return SSEResponse(self._stream(request, req, rid, subs, group, top_k, params.n), group)
         try:

@@ -53,7 +53,8 @@ class ScheduleBatch:
 
     # ------------------------------------------------------------------ slots
     def _alloc(self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]) -> torch.Tensor:
-        need = sum(s - p for p, s in zip(prefix_lens, seq_lens)) + self.allocator.page_size * len(seq_lens)
+        ps = self.allocator.page_size
+        need = ps * sum(-(-s // ps) - (-(-p // ps)) for p, s in zip(prefix_lens, seq_lens))
         if self.allocator.available_size() < need:
             self.tree_cache.evict(need - self.allocator.available_size())
         out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
@@ -69,20 +70,28 @@ class ScheduleBatch:
     def prepare_for_extend(self) -> None:
         """Rows, prefix slots and new slots for each admitted request; input = the uncached part."""
         self.forward_mode = ForwardMode.EXTEND
-        for req in self.reqs:
-            if req.req_pool_idx is None:
-                idx = self.req_to_token_pool.alloc()
-                if idx is None:
-                    raise OutOfKVSlots("no free req_to_token row")
-                req.req_pool_idx = idx
-            if len(req.prefix_indices):
-                self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
-        self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
-        self.seq_lens = [len(r.fill_ids) for r in self.reqs]
+        new_rows: list[Req] = []
+        try:
+            for req in self.reqs:
+                if req.req_pool_idx is None:
+                    idx = self.req_to_token_pool.alloc()
+                    if idx is None:
+                        raise OutOfKVSlots("no free req_to_token row")
+                    req.req_pool_idx = idx
+                    new_rows.append(req)
+                if len(req.prefix_indices):
+                    self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
+            self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
+            self.seq_lens = [len(r.fill_ids) for r in self.reqs]
+            self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
+        except OutOfKVSlots:
+            for req in new_rows:  # leave the pools exactly as they were
+                self.req_to_token_pool.free(req.req_pool_idx)
+                req.req_pool_idx = None
+            raise
         for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
             r.extend_input_len = s - p
         self.input_ids = [t for r, p in zip(self.reqs, self.prefix_lens) for t in r.fill_ids[p:]]
-        self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
         self._write_rows(self.reqs, self.prefix_lens, self.seq_lens, self.out_cache_loc)
         if all(p == 0 for p in self.prefix_lens):
             self.forward_mode = ForwardMode.PREFILL
@@ -145,7 +154,7 @@ class ScheduleBatch:
         retracted: list[Req] = []
         while order and len(order) > 1 and self.allocator.available_size() < needed:
             req = order.pop()
-            self.tree_cache.cache_finished_req(req)
+            self.tree_cache.cache_finished_req(req, kv_len=req.kv_len)
             req.reset_for_retract()
             retracted.append(req)
             self.tree_cache.evict(needed)
@@ -172,6 +181,9 @@ class ScheduleBatch:
             out_cache_loc=self.out_cache_loc,
             sampling_params=params,
             output_ids=[list(r.output_ids) for r in self.reqs] if need_history else None,
+            # repetition_penalty also covers the prompt (vLLM / HF semantics)
+            prompt_ids=[r.origin_input_ids for r in self.reqs]
+            if any(p.repetition_penalty != 1.0 for p in params) else None,
             return_logprob=return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs] if return_logprob else [],
             prompt_logprob_targets=targets if any(t is not None for t in targets) else [],

@@ -69,6 +69,7 @@ class PrefillAdder:
         req.fill_ids = req.origin_input_ids[: len(req.prefix_indices) + self._chunk_len(req)]
         self._account(req, len(req.fill_ids) - len(req.prefix_indices), reserve=False)
         self.can_run.append(req)
+        self.rem_running -= 1
         return req if len(req.fill_ids) < len(req.origin_input_ids) else None
 
     def _chunk_len(self, req: Req) -> int:

@@ -218,9 +218,13 @@ class TokenizerManager:
             if not fut.done():
                 fut.set_exception(SchedulerDied(reason))
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self.loop_task is not None:
             self.loop_task.cancel()
+            try:
+                await self.loop_task
+            except (asyncio.CancelledError, Exception):
+                pass
         self.send_sock.close(linger=0)
         self.recv_sock.close(linger=0)
         self.ctx.term()

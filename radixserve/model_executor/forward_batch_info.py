@@ -83,6 +83,7 @@ class ModelWorkerBatch:
     sampling_params: list[SamplingParams]
     # Token history per request; only needed for penalties / seeds (None = not needed).
     output_ids: list[list[int]] | None = None
+    prompt_ids: list[list[int]] | None = None  # only when a request uses repetition_penalty
     return_logprob: bool = False
     top_logprobs_nums: list[int] = field(default_factory=list)
     # Per request, None or the token that follows each of its positions in this step (the
@@ -172,6 +173,7 @@ class ForwardBatch:
                 vocab_size=model_runner.model_config.vocab_size,
                 eos_token_ids=model_runner.model_config.eos_token_ids,
                 device=device,
+                prompt_ids=batch.prompt_ids,
             )
         fb = cls(
             forward_mode=batch.forward_mode,

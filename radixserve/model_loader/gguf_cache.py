@@ -48,6 +48,7 @@ _TOKENIZER_CLASS_FILE = "radixserve_class.json"  # [module, class name] of the s
 SOURCE_FILE = "source.json"  # which GGUF an entry belongs to, for sweeping dead entries
 _TMP_PREFIX = ".tmp-"  # every temporary name starts with this
 _STALE_TMP_S = 3600.0  # a temporary this old is a crashed writer's, not a live one's
+_MIN_FREE_BYTES = 2 << 30  # disk space the weights cache leaves free
 _CONVERTERS = ("gguf", "transformers", "tokenizers")  # a new version of these may convert differently
 
 
@@ -127,8 +128,10 @@ def load_config(entry: CacheEntry) -> dict[str, Any] | None:
 
 
 def save_config(entry: CacheEntry, cfg: dict[str, Any]) -> None:
-    """Cache the HF-style config dict of a validated GGUF."""
+    """Cache the HF-style config dict of a validated GGUF (if JSON carries it unchanged)."""
     try:
+        if json.loads(json.dumps(cfg)) != cfg:  # e.g. a tuple would come back a list: warm != cold
+            raise ValueError("the config does not survive a JSON round trip")
         _prepare(entry)
         _write_json(entry, CONFIG_FILE, {"cache_version": CACHE_VERSION, "hf_config": cfg})
     except (OSError, TypeError, ValueError) as exc:
@@ -169,16 +172,21 @@ def save_tokenizer(entry: CacheEntry, tokenizer: PreTrainedTokenizerBase) -> Non
     try:
         _prepare(entry)
         tmp = tempfile.mkdtemp(dir=entry.folder, prefix=_TMP_PREFIX)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0o700 would hide a shared cache from other users
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, _TOKENIZER_CLASS_FILE), "w", encoding="utf-8") as fh:
             json.dump([type(tokenizer).__module__, type(tokenizer).__qualname__], fh)
         _remove_tree(entry.file(TOKENIZER_DIR))  # a damaged one (we only save after a failed load)
-        os.rename(tmp, entry.file(TOKENIZER_DIR))
-        tmp = None
-    except Exception as exc:  # noqa: BLE001  # incl. a lost rename race: the winner's copy is as good
+        try:
+            os.rename(tmp, entry.file(TOKENIZER_DIR))
+        except OSError:
+            if not os.path.isdir(entry.file(TOKENIZER_DIR)):
+                raise
+            # A concurrent writer renamed its copy in first; it is as good as ours.
+    except Exception as exc:  # noqa: BLE001  # a failure to cache must never fail the load
         logger.warning("did not cache the tokenizer in %s: %s", entry.folder, exc)
     finally:
-        if tmp is not None:
+        if tmp is not None and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -200,6 +208,12 @@ def write_weights_through(
     """
     try:
         _prepare(entry)
+        needed = sum(4 * int(torch.Size(shape).numel()) for _, shape in layout)
+        free = shutil.disk_usage(entry.folder).free
+        if needed + _MIN_FREE_BYTES > free:  # float32 is ~8x a Q4 file: never fill the disk for speed
+            logger.warning("not caching %d MB of weights in %s: only %d MB free", needed >> 20,
+                           entry.folder, free >> 20)  # fmt: skip
+            return stream
     except OSError as exc:
         logger.warning("could not cache weights in %s: %s", entry.folder, exc)
         return stream
@@ -213,6 +227,7 @@ def _write_json(entry: CacheEntry, name: str, value: Any) -> None:
     """Write a JSON file into the entry atomically (temporary file + rename)."""
     fd, tmp = tempfile.mkstemp(dir=entry.folder, prefix=_TMP_PREFIX, suffix=".json")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0o600 would hide a shared cache from other users
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(value, fh)
         os.replace(tmp, entry.file(name))

@@ -102,6 +102,7 @@ class _Writer:
         fd, self.tmp = tempfile.mkstemp(dir=folder, prefix=tmp_prefix, suffix=".safetensors")
         self.fh = os.fdopen(fd, "wb")
         try:
+            os.fchmod(fd, 0o644)  # mkstemp's 0o600 would hide a shared cache from other users
             self.fh.write(struct.pack("<Q", len(raw)) + raw)
         except OSError:
             self.close(commit=False)

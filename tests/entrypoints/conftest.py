@@ -134,7 +134,7 @@ def _pool(request: pytest.FixtureRequest) -> Iterator[_Pool]:
 
 
 def _session_wants_engine(session: pytest.Session) -> bool:
-    return any("engine" in getattr(item, "fixturenames", ()) for item in session.items)
+    return any("offline_engine" in getattr(item, "fixturenames", ()) for item in session.items)
 
 
 def _ensure_server(pool: _Pool, session: pytest.Session) -> ServerProcess:
@@ -156,7 +156,7 @@ def server(_pool: _Pool, request: pytest.FixtureRequest) -> ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def engine(_pool: _Pool, request: pytest.FixtureRequest) -> Iterator[Any]:
+def offline_engine(_pool: _Pool, request: pytest.FixtureRequest) -> Iterator[Any]:
     """The offline Engine (radixserve.Engine), shut down when the requesting module ends."""
     _ensure_server(_pool, request.session)
     if _pool.engine_future is None:

@@ -86,12 +86,22 @@ def test_disconnected_streams_free_their_kv(server, http) -> None:
                     break
         return chunks
 
-    async def run_all() -> list[int]:
+    async def give_up_waiting(client: httpx.AsyncClient, i: int) -> str:
+        """A non-streaming request whose client times out: the server notices within a second."""
+        body = {**_chat_body(f"Tell me a long story about knight number {i}.", False, 200), "ignore_eos": True}
+        try:
+            await client.post("/v1/chat/completions", json=body, timeout=3)
+        except httpx.TimeoutException:
+            return "gave up"
+        return "finished"
+
+    async def run_all() -> list:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=600,
                                      headers={"Authorization": f"Bearer {server.api_key}"}) as client:
-            return await asyncio.gather(*[open_and_drop(client, i) for i in range(10)])
+            return await asyncio.gather(*[open_and_drop(client, i) for i in range(10)],
+                                        *[give_up_waiting(client, i) for i in range(2)])
 
-    assert asyncio.run(run_all()) == [3] * 10
+    assert asyncio.run(run_all()) == [3] * 10 + ["gave up"] * 2
     info = _wait_idle(http)
     assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
     assert info["num_used_tokens"] == 0  # nothing held beyond the radix cache

@@ -63,15 +63,15 @@ def test_completion_stream_equals_non_stream(client, model_name) -> None:
     assert usage.prompt_tokens == full.usage.prompt_tokens == full.usage.prompt_tokens
 
 
-def test_n_with_seed_is_reproducible(client, model_name) -> None:
-    kw = {"model": model_name, "prompt": "My favourite colour is", "max_tokens": 8, "temperature": 1.0, "n": 2, "seed": 7}
-    first = client.completions.create(**kw)
-    again = client.completions.create(**kw)
-    assert [c.index for c in first.choices] == [0, 1]
-    assert [c.text for c in first.choices] == [c.text for c in again.choices]
-    # choice i runs with seed + i, so it equals a single request with that seed
-    single = client.completions.create(**{**kw, "n": 1, "seed": 8})
-    assert single.choices[0].text == first.choices[1].text
+def test_n_with_seeds(client, tokenizer, model_name) -> None:
+    kw = {"model": model_name, "prompt": "My favourite colour is", "max_tokens": 8, "temperature": 1.0}
+    both = client.completions.create(n=2, seed=7, **kw)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert both.usage.completion_tokens <= 16  # the prompt counts once, the completions per choice
+    assert both.usage.prompt_tokens == len(tokenizer.encode(kw["prompt"], add_special_tokens=False))
+    # choice i runs with seed + i: it equals a single request with that seed (so it is reproducible)
+    for i, choice in enumerate(both.choices):
+        assert client.completions.create(n=1, seed=7 + i, **kw).choices[0].text == choice.text
 
 
 def test_stop_sequence_trims_text(client, model_name) -> None:
@@ -99,13 +99,13 @@ def test_completion_logprobs_and_echo(client, model_name) -> None:
     assert lp.text_offset == sorted(lp.text_offset)
 
 
-def test_chat_matches_offline_engine(client, tokenizer, engine, model_name) -> None:
+def test_chat_matches_offline_engine(client, tokenizer, offline_engine, model_name) -> None:
     out = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=16, temperature=0)
     assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
     msg = out.choices[0].message
     assert msg.role == "assistant"
     prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
-    offline = engine.generate(prompt, {"max_new_tokens": 16, "temperature": 0})
+    offline = offline_engine.generate(prompt, {"max_new_tokens": 16, "temperature": 0})
     assert msg.content == offline["text"]
     assert out.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
     assert out.usage.completion_tokens == offline["meta_info"]["completion_tokens"]
@@ -137,19 +137,19 @@ def test_chat_stream_logprobs_and_usage(client, model_name) -> None:
     assert usage.completion_tokens == full.usage.completion_tokens and usage.prompt_tokens_details is not None
 
 
-def test_chat_n2_seeds_and_stop(client, model_name) -> None:
-    out = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=6, temperature=0.9, n=2,
+def test_chat_n2_and_stop(client, model_name) -> None:
+    out = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=4, temperature=0.9, n=2,
                                          seed=3)
-    again = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=6, temperature=0.9, n=2,
-                                           seed=3)
-    assert [c.message.content for c in out.choices] == [c.message.content for c in again.choices]
-    assert [c.index for c in out.choices] == [0, 1]
-    assert 2 <= out.usage.completion_tokens <= 12
+    assert [c.index for c in out.choices] == [0, 1] and all(c.message.content for c in out.choices)
+    assert 2 <= out.usage.completion_tokens <= 8
+    assert out.usage.prompt_tokens == client.chat.completions.create(
+        model=model_name, messages=CHAT, max_tokens=1).usage.prompt_tokens  # the prompt counts once
     greedy = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=8, temperature=0)
     word = greedy.choices[0].message.content.split()[1]
     stopped = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=8, temperature=0,
                                              stop=word)
     assert stopped.choices[0].finish_reason == "stop" and word not in stopped.choices[0].message.content
+    assert greedy.choices[0].message.content.startswith(stopped.choices[0].message.content)
 
 
 def test_native_generate(http) -> None:

@@ -1,21 +1,24 @@
 """The on-disk GGUF cache on tiny models: built on first use, read back instead of the GGUF, never trusted
-blindly, and never in the way of the GGUF's own errors.
+blindly, never in the way of the GGUF's own errors.
 
-Every test points RADIXSERVE_CACHE_DIR at its own tmp folder (the `gguf_cache_dir` fixture). The
-in-process lru caches are keyed by (real path, mtime, size) and every tiny model is a fresh file, so
-they cannot carry results between tests; they are deliberately not cleared, because other modules
-share the default model's parsed GGUF and tokenizer through them.
+Each test gets its own cache folder (`gguf_cache_dir`). The in-process lru caches are keyed by (real
+path, mtime, size) and every tiny model is a fresh file, so they cannot carry results between tests;
+they are not cleared, since other modules share the default model's parsed GGUF through them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
 from radixserve.model_loader import get_model_config, get_tokenizer, gguf_cache, iterate_weights
@@ -76,6 +79,26 @@ def test_first_load_builds_the_cache_and_the_second_reads_it(tiny_gguf, monkeypa
     assert torch.equal(next(iter(iterate_weights(str(m.path))))[1], cold[0][1])
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"arch": "qwen2", "rope_theta": 1e6},
+        {"metadata": {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+                      "llama.rope.scaling.original_context_length": 32768}},
+        {"metadata": {"tokenizer.ggml.eot_token_id": 7, "tokenizer.ggml.bos_token_id": None}},
+        {"hidden": 64, "heads": 2, "kv_heads": 1, "metadata": {"llama.attention.key_length": 32}},
+    ],
+)  # fmt: skip
+def test_cached_configs_equal_uncached_ones(tiny_gguf, monkeypatch, fields: dict) -> None:
+    m = tiny_gguf(**fields)
+    monkeypatch.setenv(gguf_cache.DISABLE_ENV, "1")
+    uncached = get_model_config(str(m.path))
+    monkeypatch.delenv(gguf_cache.DISABLE_ENV)
+    assert get_model_config(str(m.path)) == uncached  # the miss that fills the cache
+    _forbid_gguf_parsing(monkeypatch)
+    assert get_model_config(str(m.path)) == uncached
+
+
 def _bump_mtime(path: Path, seconds: int = 1) -> None:
     stat = os.stat(path)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + seconds * 1_000_000_000))
@@ -121,16 +144,26 @@ def test_a_rewritten_file_misses_and_its_dead_entry_is_swept(tiny_gguf, gguf_cac
     assert _entries(gguf_cache_dir) == [os.path.basename(_entry(m.path).folder)]
 
 
-def test_a_truncated_weights_cache_is_rebuilt(tiny_gguf, monkeypatch) -> None:
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(path.stat().st_size // 2)
+
+
+def _foreign(path: Path) -> None:
+    # A sound safetensors file, but not one we wrote: no recorded order, one tensor only.
+    safetensors.torch.save_file({"model.norm.weight": torch.zeros(64)}, str(path))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _foreign])
+def test_a_damaged_weights_cache_is_rebuilt(tiny_gguf, monkeypatch, damage) -> None:
     m = tiny_gguf(encode=_q8)
     cold = list(iterate_weights(str(m.path)))
     weights = Path(_entry(m.path).file(gguf_cache.WEIGHTS_FILE))
     size = weights.stat().st_size
-    with open(weights, "r+b") as fh:
-        fh.truncate(size // 2)
+    damage(weights)
     parses = _count_gguf_parses(monkeypatch)
     rebuilt = list(iterate_weights(str(m.path)))
-    assert parses, "a truncated cache must not be trusted"
+    assert parses, "a damaged cache must not be trusted"
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(cold, rebuilt, strict=True))
     assert weights.stat().st_size == size  # rewritten whole
     _forbid_gguf_parsing(monkeypatch)
@@ -159,6 +192,24 @@ def test_an_abandoned_weight_stream_caches_nothing(tiny_gguf, monkeypatch) -> No
     parses = _count_gguf_parses(monkeypatch)
     list(iterate_weights(str(m.path)))
     assert parses and os.path.isfile(entry.file(gguf_cache.WEIGHTS_FILE))
+
+
+def test_a_writer_killed_mid_stream_leaves_nothing_that_loads(tiny_gguf, monkeypatch) -> None:
+    m = tiny_gguf(encode=_q8)
+    # A process that dies after two tensors with no cleanup at all, as in a crash.
+    child = "import os, sys; from radixserve.model_loader import iterate_weights as load\n"
+    child += "stream = load(sys.argv[1]); next(stream); next(stream); os._exit(3)"
+    proc = subprocess.run(
+        [sys.executable, "-c", child, str(m.path)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    entry = _entry(m.path)
+    assert not os.path.exists(entry.file(gguf_cache.WEIGHTS_FILE))
+    assert [n for n in os.listdir(entry.folder) if n.startswith(".tmp-")]  # its debris, never read
+    parses = _count_gguf_parses(monkeypatch)
+    weights = dict(iterate_weights(str(m.path)))
+    assert parses and os.path.isfile(entry.file(gguf_cache.WEIGHTS_FILE))
+    assert torch.equal(weights["model.norm.weight"], torch.from_numpy(m.hf_weights["model.norm.weight"]))
 
 
 def test_two_concurrent_builders_leave_one_sound_file(tiny_gguf, monkeypatch) -> None:
@@ -197,6 +248,14 @@ def test_disabled_cache_writes_nothing(tiny_gguf, monkeypatch, gguf_cache_dir) -
     parses = _count_gguf_parses(monkeypatch)
     list(iterate_weights(str(m.path)))
     assert parses
+
+
+def test_weights_are_not_cached_onto_a_nearly_full_disk(tiny_gguf, monkeypatch) -> None:
+    m = tiny_gguf()
+    one_gib_free = SimpleNamespace(total=1 << 30, used=0, free=1 << 30)
+    monkeypatch.setattr(gguf_cache.shutil, "disk_usage", lambda path: one_gib_free)
+    assert len(list(iterate_weights(str(m.path)))) == len(m.hf_weights)
+    assert not os.path.exists(_entry(m.path).file(gguf_cache.WEIGHTS_FILE))
 
 
 def test_an_unwritable_cache_folder_only_costs_speed(tiny_gguf, monkeypatch, tmp_path: Path) -> None:
