@@ -23,5 +23,14 @@ serve: setup
 test: setup
 	$(PY) -m pytest -q -x --durations=15 tests
 
+# Full-size benchmarks (minutes; run on a quiet machine). `bench serving` needs a running server:
+#   make serve & .venv/bin/radixserve bench serving --json out/serving.json
+bench: setup
+	mkdir -p out
+	$(VENV)/bin/radixserve bench roofline --json out/roofline.json
+	$(VENV)/bin/radixserve bench one-batch --profile --json out/one_batch.json --plot out/one_batch.png
+	$(VENV)/bin/radixserve bench offline --json out/offline.json
+	$(VENV)/bin/radixserve bench baseline --compare-radixserve --json out/baseline.json
+
 clean:
 	rm -rf $(VENV)

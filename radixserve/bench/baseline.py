@@ -61,9 +61,9 @@ def load_hf_model(path: str) -> Any:
 
     if os.path.isfile(path):  # GGUF: transformers dequantises it to float32 itself
         folder, name = os.path.split(path)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.eval()
 
 
@@ -153,7 +153,9 @@ def compare_radixserve(args: argparse.Namespace, convs: list[Conversation], engi
     if own:
         from radixserve.entrypoints.engine import Engine
 
-        engine = Engine(model_path=args.model_path, max_total_tokens=args.max_total_tokens, show_progress=False)
+        # same torch thread count as transformers got, so the comparison is like for like
+        engine = Engine(model_path=args.model_path, max_total_tokens=args.max_total_tokens, show_progress=False,
+                        num_threads=args.threads)
     try:
         return run_engine(engine, convs)["metrics"]
     finally:

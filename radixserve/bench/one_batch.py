@@ -233,8 +233,11 @@ def plot(result: dict[str, Any], path: str) -> None:
                      for r in result["decode"] if r["context_len"] == ctx)
         ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"context {ctx}")
         ax2.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=f"context {ctx}")
+    sizes = sorted({r["batch_size"] for r in result["decode"]})
     for ax, ylabel in ((ax1, "decode step time (ms)"), (ax2, "decode throughput (tokens/s)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.minorticks_off()
         ax.set_xlabel("batch size")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)

@@ -11,6 +11,9 @@ This benchmark measures both ceilings here, with the loaded model's own matrix s
     intensity (FLOPs per byte moved) of each, so one can see which side of the ridge it sits on;
   * memory bandwidth: a large copy (read + write) and a large reduction (read only).
 
+Weights are cycled through --mem-mb of distinct copies, so that no matmul reads a weight
+from cache (a decode step reads ~0.5 GB of weights once each; nothing stays cached).
+
 `measure_roofline()` is what `bench one-batch` calls; `main()` prints a table and writes JSON.
 
     radixserve bench roofline [--model-path PATH] [--rows 1,32,512] [--mem-mb 256] [--json out.json]
@@ -19,6 +22,7 @@ This benchmark measures both ceilings here, with the loaded model's own matrix s
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 import torch
@@ -49,24 +53,33 @@ def linear_shapes(cfg: Any) -> dict[str, tuple[int, int]]:
 
 
 def measure_matmul(rows: int, in_features: int, out_features: int, dtype: torch.dtype = torch.float32,
-                   device: str = "cpu", min_s: float = 0.2) -> dict[str, Any]:
-    """FLOP/s of x[rows, in] @ W[out, in]^T (F.linear, the layout the model uses)."""
+                   device: str = "cpu", min_s: float = 0.2, cold_mb: float = 0.0) -> dict[str, Any]:
+    """FLOP/s of x[rows, in] @ W[out, in]^T (F.linear, the layout the model uses).
+
+    cold_mb > 0: cycle through enough distinct copies of W to fill that many MB, so each call
+    reads a W that is not in the CPU caches — as in a decode step, which walks every layer's
+    weights once. Otherwise a small W timed in a loop stays cache-resident and a 1-row GEMM
+    looks several times faster than any real decode can be."""
+    w_bytes = in_features * out_features * torch.finfo(dtype).bits // 8
+    copies = max(1, min(512, math.ceil(cold_mb * 2**20 / w_bytes))) if cold_mb > 0 else 1
     x = torch.randn(rows, in_features, dtype=dtype, device=device)
-    w = torch.randn(out_features, in_features, dtype=dtype, device=device)
+    ws = torch.ones(copies, out_features, in_features, dtype=dtype, device=device)
     out = torch.empty(rows, out_features, dtype=dtype, device=device)
+    turn = [0]
 
     def run() -> None:
-        torch.matmul(x, w.t(), out=out)
+        torch.matmul(x, ws[turn[0]].t(), out=out)
+        turn[0] = (turn[0] + 1) % copies
         if device != "cpu":
             torch.cuda.synchronize(device)
 
     seconds = time_fn_min_duration(run, min_s)
     flops = 2.0 * rows * in_features * out_features
-    nbytes = (x.numel() + w.numel() + out.numel()) * x.element_size()
+    nbytes = (x.numel() + out.numel()) * x.element_size() + w_bytes
     return {
         "rows": rows, "in": in_features, "out": out_features, "ms": seconds * 1e3,
         "gflops": flops / seconds / 1e9, "gb_per_s": nbytes / seconds / 1e9,
-        "flops_per_byte": flops / nbytes,
+        "flops_per_byte": flops / nbytes, "weight_copies": copies,
     }
 
 
@@ -111,7 +124,8 @@ def measure_roofline(cfg: Any | None = None, rows_list: list[int] | None = None,
         for rows in rows_list:
             if name == "lm_head" and rows > LM_HEAD_MAX_ROWS:
                 continue  # prefill computes logits for one row per request: never a tall LM-head GEMM
-            matmul.append({"layer": name, **measure_matmul(rows, fin, fout, device=device, min_s=min_s)})
+            matmul.append({"layer": name, **measure_matmul(rows, fin, fout, device=device, min_s=min_s,
+                                                           cold_mb=mem_mb)})
     bandwidth = measure_bandwidth(mem_mb, device=device, min_s=min_s)
     bw = max(bandwidth["copy_gb_per_s"], bandwidth["reduce_gb_per_s"])
     big = max(rows_list)
@@ -146,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="radixserve bench roofline", description=__doc__.split("\n")[0])
     p.add_argument("--model-path", default=None, help="model whose linear shapes to time (default: embedded)")
     p.add_argument("--rows", type=parse_int_list, default=DEFAULT_ROWS, help="row counts (tokens per matmul)")
-    p.add_argument("--mem-mb", type=int, default=256, help="buffer size of the bandwidth test")
+    p.add_argument("--mem-mb", type=int, default=256,
+                   help="buffer size of the bandwidth test, and MB of weight copies each matmul cycles through")
     p.add_argument("--min-time", type=float, default=0.2, help="seconds each measurement repeats for")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")

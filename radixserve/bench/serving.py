@@ -142,18 +142,19 @@ async def run_benchmark(args: argparse.Namespace, convs: list[Conversation], tok
     chat = args.endpoint == "chat"
     url = args.base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(headers=headers, timeout=args.timeout, limits=limits) as session:
-        model = args.model or await first_model(session, args.base_url)
+    async with httpx.AsyncClient(headers=headers, timeout=args.timeout, limits=limits) as client:
+        model = args.model or await first_model(client, args.base_url)
         for _ in range(args.warmup_requests):  # first-request costs (allocations, thread pools) not timed
             # NOTE: not a workload prompt, so the radix cache holds none of the workload beforehand.
             warm_conv = Conversation([Turn(" This is a warm up request", [], 4)])
-            warm = await send_request(session, url, make_payload(args, model, warm_conv, 0, [], 4), chat,
+            warm = await send_request(client, url, make_payload(args, model, warm_conv, 0, [], 4), chat,
                                       RequestResult())
             if not warm.ok:
                 raise RuntimeError(f"warm-up request failed: {warm.error}")
         sem = asyncio.Semaphore(args.concurrency) if args.concurrency else None
         bar = tqdm(total=sum(c.num_requests for c in convs), desc="serving", unit="req", disable=args.disable_tqdm)
         results: list[RequestResult] = []
+        skipped = [0]  # later turns of conversations whose earlier turn failed
 
         async def conversation(ci: int, conv: Conversation, delay: float) -> None:
             await asyncio.sleep(delay)
@@ -163,13 +164,15 @@ async def run_benchmark(args: argparse.Namespace, convs: list[Conversation], tok
                 res = RequestResult(conversation=ci, turn=k)
                 if sem is not None:
                     async with sem:
-                        await send_request(session, url, body, chat, res)
+                        await send_request(client, url, body, chat, res)
                 else:
-                    await send_request(session, url, body, chat, res)
+                    await send_request(client, url, body, chat, res)
                 results.append(res)
                 bar.update(1)
-                if not res.ok:
-                    return  # a conversation cannot continue without its answer
+                if not res.ok:  # a conversation cannot continue without its answer
+                    skipped[0] += len(conv.turns) - k - 1
+                    bar.update(len(conv.turns) - k - 1)
+                    return
                 if not res.usage_from_server:
                     count_with_tokenizer(res, body, tokenizer)
                 answers.append(res.text)
@@ -184,7 +187,7 @@ async def run_benchmark(args: argparse.Namespace, convs: list[Conversation], tok
         await asyncio.gather(*(conversation(i, c, d) for i, (c, d) in enumerate(zip(convs, delays))))
         duration = time.perf_counter() - start
         bar.close()
-    return {"model": model, "duration_s": duration, "results": results}
+    return {"model": model, "duration_s": duration, "results": results, "skipped": skipped[0]}
 
 
 async def first_model(client: httpx.AsyncClient, base_url: str) -> str:
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None, tokenizer: Any = None) -> dict[str, Any]
     convs = build_workload(args, tokenizer)
     run = asyncio.run(run_benchmark(args, convs, tokenizer))
     metrics = compute_metrics(run["results"], run["duration_s"])
+    metrics["skipped"] = run["skipped"]
     out = {
         "benchmark": "serving",
         "base_url": args.base_url,

@@ -91,7 +91,7 @@ def _bench(name: str, rest: list[str]) -> None:
     import importlib
 
     module = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "offline": "offline",
-              "baseline": "baseline"}.get(name)
+              "baseline": "baseline"}.get(name.replace("_", "-"))
     if module is None:
         raise SystemExit(f"unknown benchmark {name!r}: roofline | one-batch | serving | offline | baseline")
     importlib.import_module(f"radixserve.bench.{module}").main(rest)

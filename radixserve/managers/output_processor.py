@@ -66,14 +66,15 @@ class OutputProcessor:
         start = req.sent_len
         req.sent_len = len(req.output_ids)
         now = time.perf_counter()
-        if req.first_token_time is None and req.output_ids:
-            req.first_token_time = now
         meta: dict[str, Any] = {
             "prompt_tokens": len(req.origin_input_ids),
             "completion_tokens": len(req.output_ids),
             "cached_tokens": req.cached_tokens,
             "num_retractions": req.num_retractions,
         }
+        if req.first_token_time is not None:
+            # measured where the token is produced, so it is right for non-streamed requests too
+            meta["ttft"] = req.first_token_time - req.created_time
         if req.finished_reason is not None:
             meta["finish_reason"] = req.finished_reason.to_json()
             meta["e2e_latency"] = now - req.created_time

@@ -12,6 +12,7 @@ One step (`step()`), the same whether driven by the ZMQ loop (scheduler_process.
 from __future__ import annotations
 
 import logging
+import time
 
 from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.trace import BatchTracer
@@ -232,6 +233,8 @@ class Scheduler:
                 self._finish(req, FinishReason("length", matched=None))
                 continue
             req.output_ids.append(next_ids[i])
+            if req.first_token_time is None:
+                req.first_token_time = time.perf_counter()
             self.stats["generation_tokens"] += 1
             if sample.next_token_logprobs is not None and req.return_logprob:
                 req.output_token_logprobs.append(sample.next_token_logprobs[i])

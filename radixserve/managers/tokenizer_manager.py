@@ -158,7 +158,7 @@ class TokenizerManager:
         meta = dict(out.meta_info)
         now = time.perf_counter()
         meta["id"] = state.rid
-        if state.first_token_time is not None:
+        if state.first_token_time is not None and "ttft" not in meta:
             meta["ttft"] = state.first_token_time - state.created
         if finished:
             meta["e2e_latency"] = now - state.created

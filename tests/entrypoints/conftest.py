@@ -74,7 +74,9 @@ class ServerProcess:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up:\n{self.log()}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} during start-up:\n{self.log()}"
+                )
             try:
                 if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
                     self.ready_after_s = time.monotonic() - self.started_at
@@ -98,8 +100,15 @@ class ServerProcess:
                 self.proc.wait()
 
 
-SERVER_ARGS = ["--context-length", str(CONTEXT_LEN), "--check-invariants", "--api-key", API_KEY,
-               "--max-total-tokens", "16384"]
+SERVER_ARGS = [
+    "--context-length",
+    str(CONTEXT_LEN),
+    "--check-invariants",
+    "--api-key",
+    API_KEY,
+    "--max-total-tokens",
+    "16384",
+]
 
 
 @dataclass
@@ -108,15 +117,21 @@ class _Pool:
     engine_future: concurrent.futures.Future | None = None
     tmpdirs: list[str] = field(default_factory=list)
     executor: concurrent.futures.ThreadPoolExecutor = field(
-        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1))
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1)
+    )
 
 
 def _make_engine() -> Any:
     import radixserve
 
     # Same context length as the server; a smaller KV pool (the pool size never changes greedy output).
-    return radixserve.Engine(model_path=None, check_invariants=True, context_length=CONTEXT_LEN,
-                             max_total_tokens=4096, show_progress=False)
+    return radixserve.Engine(
+        model_path=None,
+        check_invariants=True,
+        context_length=CONTEXT_LEN,
+        max_total_tokens=4096,
+        show_progress=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -177,6 +192,7 @@ def client(server: ServerProcess) -> Any:
 
 @pytest.fixture
 def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
-                      timeout=300) as c:
+    with httpx.Client(
+        base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300
+    ) as c:
         yield c

@@ -23,8 +23,12 @@ MAX_TOKENS = 16
 
 
 def _chat_body(prompt: str, stream: bool, max_tokens: int = MAX_TOKENS) -> dict:
-    return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": stream}
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
 
 
 async def _stream_text(client: httpx.AsyncClient, prompt: str) -> tuple[str, str | None]:
@@ -45,7 +49,9 @@ def _wait_idle(http: httpx.Client, timeout_s: float = 120.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         info = http.get("/get_server_info").json()
-        idle = info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 and info["num_used_tokens"] == 0
+        idle = (
+            info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 and info["num_used_tokens"] == 0
+        )
         if idle or time.monotonic() > deadline:
             return info
         time.sleep(0.5)
@@ -60,8 +66,12 @@ def test_64_concurrent_streams_equal_sequential(server, http) -> None:
 
     async def run_all() -> list[tuple[str, str | None]]:
         limits = httpx.Limits(max_connections=100)
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=600, limits=limits,
-                                     headers={"Authorization": f"Bearer {server.api_key}"}) as client:
+        async with httpx.AsyncClient(
+            base_url=server.base_url,
+            timeout=600,
+            limits=limits,
+            headers={"Authorization": f"Bearer {server.api_key}"},
+        ) as client:
             return await asyncio.gather(*[_stream_text(client, p) for p in PROMPTS * COPIES])
 
     results = asyncio.run(run_all())
@@ -88,7 +98,10 @@ def test_disconnected_streams_free_their_kv(server, http) -> None:
 
     async def give_up_waiting(client: httpx.AsyncClient, i: int) -> str:
         """A non-streaming request whose client times out: the server notices within a second."""
-        body = {**_chat_body(f"Tell me a long story about knight number {i}.", False, 200), "ignore_eos": True}
+        body = {
+            **_chat_body(f"Tell me a long story about knight number {i}.", False, 200),
+            "ignore_eos": True,
+        }
         try:
             await client.post("/v1/chat/completions", json=body, timeout=3)
         except httpx.TimeoutException:
@@ -96,10 +109,13 @@ def test_disconnected_streams_free_their_kv(server, http) -> None:
         return "finished"
 
     async def run_all() -> list:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=600,
-                                     headers={"Authorization": f"Bearer {server.api_key}"}) as client:
-            return await asyncio.gather(*[open_and_drop(client, i) for i in range(10)],
-                                        *[give_up_waiting(client, i) for i in range(2)])
+        async with httpx.AsyncClient(
+            base_url=server.base_url, timeout=600, headers={"Authorization": f"Bearer {server.api_key}"}
+        ) as client:
+            return await asyncio.gather(
+                *[open_and_drop(client, i) for i in range(10)],
+                *[give_up_waiting(client, i) for i in range(2)],
+            )
 
     assert asyncio.run(run_all()) == [3] * 10 + ["gave up"] * 2
     info = _wait_idle(http)

@@ -50,8 +50,11 @@ def _still_serving(http: httpx.Client) -> None:
     assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-@pytest.mark.parametrize(("path", "body", "status", "param"), BAD_REQUESTS,
-                         ids=[f"{p}-{s}-{param}" for p, _, s, param in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    BAD_REQUESTS,
+    ids=[f"{p}-{s}-{param}" for p, _, s, param in BAD_REQUESTS],
+)
 def test_bad_request(http, path, body, status, param) -> None:
     _check_error(http.post(path, json=body), status, param)
     _still_serving(http)
@@ -96,7 +99,9 @@ def test_openai_client_errors(client) -> None:
 
 def test_context_length_boundary(server, http) -> None:
     limit = server.context_len
-    fits = http.post("/v1/completions", json={"prompt": [42] * (limit - 1), "max_tokens": 4, "temperature": 0})
+    fits = http.post(
+        "/v1/completions", json={"prompt": [42] * (limit - 1), "max_tokens": 4, "temperature": 0}
+    )
     assert fits.status_code == 200, fits.text
     body = fits.json()
     assert body["usage"]["prompt_tokens"] == limit - 1 and body["usage"]["completion_tokens"] == 1
@@ -104,6 +109,11 @@ def test_context_length_boundary(server, http) -> None:
     over = http.post("/v1/completions", json={"prompt": [42] * limit, "max_tokens": 1})
     _check_error(over, 400, "prompt")
     long_text = " hello" * (2 * limit)
-    _check_error(http.post("/v1/chat/completions", json={**GOOD_CHAT, "messages": [
-        {"role": "user", "content": long_text}]}), 400, "prompt")
+    _check_error(
+        http.post(
+            "/v1/chat/completions", json={**GOOD_CHAT, "messages": [{"role": "user", "content": long_text}]}
+        ),
+        400,
+        "prompt",
+    )
     _still_serving(http)

@@ -26,12 +26,21 @@ def test_metrics_follow_requests(server, http) -> None:
         assert f"{PREFIX}{key}{{}}" in before, key
     usages, reasons = [], []
     for max_tokens in (3, 5):
-        r = http.post("/v1/completions", json={"prompt": "Metrics test prompt", "max_tokens": max_tokens,
-                                              "temperature": 0, "ignore_eos": True})
+        r = http.post(
+            "/v1/completions",
+            json={
+                "prompt": "Metrics test prompt",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
         usages.append(r.json()["usage"])
         reasons.append(r.json()["choices"][0]["finish_reason"])
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
-                                               "temperature": 0})
+    r = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0},
+    )
     usages.append(r.json()["usage"])
     reasons.append(r.json()["choices"][0]["finish_reason"])
     after = _scrape(server)

@@ -24,8 +24,16 @@ def test_models_and_info(server, client, http, model_name) -> None:
     assert info["served_model_name"] == model_name
     assert info["context_len"] == server.context_len and info["vocab_size"] > 1000
     server_info = http.get("/get_server_info").json()
-    for key in ("max_total_num_tokens", "num_used_tokens", "num_cached_tokens", "num_running_reqs",
-                "num_waiting_reqs", "cache_hit_rate", "check_invariants", "port"):
+    for key in (
+        "max_total_num_tokens",
+        "num_used_tokens",
+        "num_cached_tokens",
+        "num_running_reqs",
+        "num_waiting_reqs",
+        "cache_hit_rate",
+        "check_invariants",
+        "port",
+    ):
         assert key in server_info, key
     assert server_info["api_key"] != server.api_key  # the secret is never echoed
     assert http.get("/health").status_code == 200
@@ -34,8 +42,9 @@ def test_models_and_info(server, client, http, model_name) -> None:
 
 def test_completion_usage_matches_tokenizer(client, tokenizer, model_name) -> None:
     prompt = "The capital of France is"
-    out = client.completions.create(model=model_name, prompt=prompt, max_tokens=6, temperature=0,
-                                    extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=model_name, prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert out.object == "text_completion" and out.id.startswith("cmpl-") and out.model == model_name
     choice = out.choices[0]
     assert choice.finish_reason == "length" and choice.text
@@ -46,7 +55,12 @@ def test_completion_usage_matches_tokenizer(client, tokenizer, model_name) -> No
 
 
 def test_completion_stream_equals_non_stream(client, model_name) -> None:
-    kw = {"model": model_name, "prompt": ["Once upon a time", "The weather today"], "max_tokens": 5, "temperature": 0}
+    kw = {
+        "model": model_name,
+        "prompt": ["Once upon a time", "The weather today"],
+        "max_tokens": 5,
+        "temperature": 0,
+    }
     full = client.completions.create(**kw)
     texts = {0: "", 1: ""}
     reasons, usage = {}, None
@@ -85,8 +99,15 @@ def test_stop_sequence_trims_text(client, model_name) -> None:
 
 
 def test_completion_logprobs_and_echo(client, model_name) -> None:
-    out = client.completions.create(model=model_name, prompt="Hello there", max_tokens=3, temperature=0,
-                                    logprobs=2, echo=True, extra_body={"ignore_eos": True})
+    out = client.completions.create(
+        model=model_name,
+        prompt="Hello there",
+        max_tokens=3,
+        temperature=0,
+        logprobs=2,
+        echo=True,
+        extra_body={"ignore_eos": True},
+    )
     lp = out.choices[0].logprobs
     assert out.choices[0].text.startswith("Hello there")
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
@@ -109,13 +130,21 @@ def test_chat_matches_offline_engine(client, tokenizer, offline_engine, model_na
     assert msg.content == offline["text"]
     assert out.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
     assert out.usage.completion_tokens == offline["meta_info"]["completion_tokens"]
-    assert out.choices[0].finish_reason == {"stop": "stop", "length": "length"}[
-        offline["meta_info"]["finish_reason"]["type"]]
+    assert (
+        out.choices[0].finish_reason
+        == {"stop": "stop", "length": "length"}[offline["meta_info"]["finish_reason"]["type"]]
+    )
 
 
 def test_chat_stream_logprobs_and_usage(client, model_name) -> None:
-    kw = {"model": model_name, "messages": CHAT, "max_completion_tokens": 8, "temperature": 0, "logprobs": True,
-              "top_logprobs": 2}
+    kw = {
+        "model": model_name,
+        "messages": CHAT,
+        "max_completion_tokens": 8,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     full = client.chat.completions.create(**kw)
     content = full.choices[0].logprobs.content
     assert content and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content)
@@ -138,27 +167,38 @@ def test_chat_stream_logprobs_and_usage(client, model_name) -> None:
 
 
 def test_chat_n2_and_stop(client, model_name) -> None:
-    out = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=4, temperature=0.9, n=2,
-                                         seed=3)
+    out = client.chat.completions.create(
+        model=model_name, messages=CHAT, max_tokens=4, temperature=0.9, n=2, seed=3
+    )
     assert [c.index for c in out.choices] == [0, 1] and all(c.message.content for c in out.choices)
     assert 2 <= out.usage.completion_tokens <= 8
-    assert out.usage.prompt_tokens == client.chat.completions.create(
-        model=model_name, messages=CHAT, max_tokens=1).usage.prompt_tokens  # the prompt counts once
+    assert (
+        out.usage.prompt_tokens
+        == client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=1).usage.prompt_tokens
+    )  # the prompt counts once
     greedy = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=8, temperature=0)
     word = greedy.choices[0].message.content.split()[1]
-    stopped = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=8, temperature=0,
-                                             stop=word)
+    stopped = client.chat.completions.create(
+        model=model_name, messages=CHAT, max_tokens=8, temperature=0, stop=word
+    )
     assert stopped.choices[0].finish_reason == "stop" and word not in stopped.choices[0].message.content
     assert greedy.choices[0].message.content.startswith(stopped.choices[0].message.content)
 
 
 def test_native_generate(http) -> None:
-    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4, "temperature": 0},
-            "return_logprob": True, "top_logprobs_num": 1}
+    body = {
+        "text": "The capital of France is",
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        "return_logprob": True,
+        "top_logprobs_num": 1,
+    }
     out = http.post("/generate", json=body).json()
     assert set(out) == {"text", "output_ids", "meta_info"}
     meta = out["meta_info"]
-    assert meta["completion_tokens"] == len(out["output_ids"]) and meta["finish_reason"]["type"] in ("stop", "length")
+    assert meta["completion_tokens"] == len(out["output_ids"]) and meta["finish_reason"]["type"] in (
+        "stop",
+        "length",
+    )
     assert len(meta["output_token_logprobs"]) == len(out["output_ids"])
     assert all(math.isfinite(v) for v, _ in meta["output_token_logprobs"])
     events = []
@@ -178,10 +218,17 @@ def test_abort_request_by_rid(server, http) -> None:
     result: dict = {}
 
     def run() -> None:
-        with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"},
-                          timeout=300) as c:
-            result["r"] = c.post("/generate", json={"text": "Tell me a long story", "rid": "abort-me",
-                                                    "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}})
+        with httpx.Client(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"}, timeout=300
+        ) as c:
+            result["r"] = c.post(
+                "/generate",
+                json={
+                    "text": "Tell me a long story",
+                    "rid": "abort-me",
+                    "sampling_params": {"max_new_tokens": 200, "ignore_eos": True},
+                },
+            )
 
     t = threading.Thread(target=run)
     t.start()

@@ -19,10 +19,13 @@ def test_sigterm_stops_the_process_tree(server) -> None:
     parent = psutil.Process(server.proc.pid)
     tree = [parent, *parent.children(recursive=True)]
     assert len(tree) >= 2, "the scheduler runs in a child process"
-    assert any(n.startswith("radixserve-") for n in os.listdir(server.tmpdir)), "IPC dir in the server's TMPDIR"
+    assert any(n.startswith("radixserve-") for n in os.listdir(server.tmpdir)), (
+        "IPC dir in the server's TMPDIR"
+    )
     # A stream is running when the signal arrives.
-    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"},
-                      timeout=120) as http:
+    with httpx.Client(
+        base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"}, timeout=120
+    ) as http:
         body = {"prompt": "Count to one hundred:", "max_tokens": 200, "ignore_eos": True, "stream": True}
         with http.stream("POST", "/v1/completions", json=body) as r:
             lines = r.iter_lines()
