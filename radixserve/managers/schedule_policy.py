@@ -65,18 +65,19 @@ class PrefillAdder:
         return -(-n // self.page_size) * self.page_size
 
     def add_chunked_req(self, req: Req) -> Req | None:
-        """Continue a request mid chunked prefill (it already holds a row and its prefix)."""
-        req.fill_ids = req.origin_input_ids[: len(req.prefix_indices) + self._chunk_len(req)]
-        self._account(req, len(req.fill_ids) - len(req.prefix_indices), reserve=False)
+        """Continue a request mid chunked prefill (it already holds a row and its prefix).
+
+        NOTE: a retracted request re-prefills its prompt *and* its outputs, so chunks are cut
+        from origin_input_ids + output_ids, not from the prompt alone."""
+        full = req.origin_input_ids + req.output_ids
+        done = len(req.prefix_indices)
+        left = len(full) - done
+        step = left if self.rem_chunk_tokens is None else min(left, self.rem_chunk_tokens)
+        req.fill_ids = full[: done + step]
+        self._account(req, step, reserve=False)
         self.can_run.append(req)
         self.rem_running -= 1
-        return req if len(req.fill_ids) < len(req.origin_input_ids) else None
-
-    def _chunk_len(self, req: Req) -> int:
-        left = len(req.origin_input_ids) - len(req.prefix_indices)
-        if self.rem_chunk_tokens is None:
-            return left
-        return min(left, self.rem_chunk_tokens)
+        return req if len(req.fill_ids) < len(full) else None
 
     def _account(self, req: Req, extend_len: int, reserve: bool) -> None:
         future = self._future_tokens(req, self.new_token_ratio) if reserve else 0
@@ -97,7 +98,14 @@ class PrefillAdder:
         if self.rem_input_tokens <= 0 or (self.can_run and extend_len > self.rem_input_tokens):
             return False
         # NOTE: lock before anything is evicted for this step, so the matched prefix survives.
+        # A locked prefix is no longer evictable: the budget loses exactly what the lock pinned.
+        before = self.tree_cache.evictable_size()
         self.tree_cache.inc_lock_ref(req.last_node)
+        pinned = before - self.tree_cache.evictable_size()
+        if need_total + pinned > self.rem_total_tokens:
+            self.tree_cache.dec_lock_ref(req.last_node)
+            return False
+        self.rem_total_tokens -= pinned
         if self.rem_chunk_tokens is not None and extend_len > self.rem_chunk_tokens:
             # Chunk at a page boundary: the tree only holds whole pages.
             chunk = self.rem_chunk_tokens // self.page_size * self.page_size

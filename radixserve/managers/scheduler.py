@@ -19,7 +19,7 @@ from radixserve.debug.trace import BatchTracer
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.req import FinishReason, Req
-from radixserve.managers.schedule_batch import ScheduleBatch
+from radixserve.managers.schedule_batch import OutOfKVSlots, ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
@@ -202,7 +202,22 @@ class Scheduler:
                 req.cached_tokens = len(req.prefix_indices)
                 self.stats["cached_tokens"] += req.cached_tokens
         batch = self._new_batch(adder.can_run)
-        batch.prepare_for_extend()
+        try:
+            batch.prepare_for_extend()
+        except OutOfKVSlots:
+            # Budgets are estimates; if the pool still says no, undo this admission (the pools
+            # are unchanged) and let decode free space first.
+            logger.warning("prefill admission exceeded the KV pool; retrying after decode")
+            self.chunked_req = None
+            for req in reversed(adder.can_run):
+                if req.req_pool_idx is not None:
+                    # only a continuing chunked request holds a row here: it keeps row, prefix and lock
+                    req.is_chunked, self.chunked_req = True, req
+                    continue
+                self.tree_cache.dec_lock_ref(req.last_node)
+                req.is_chunked = False
+                self.waiting_queue.insert(0, req)
+            return None
         return batch
 
     # ------------------------------------------------------------------ run

@@ -27,8 +27,8 @@ def prompts(tokenizer) -> dict[str, list[int]]:
     shared = tokenizer.encode(make_text(rng, 40), add_special_tokens=False)  # a common prefix for some
     base = tokenizer.encode(make_text(rng, 400), add_special_tokens=False)
     # mostly short, a few long: 5 .. 1500 tokens (keeps the suite's prefill work bounded)
-    lens = [5, 6, 8, 11, 15, 20, 26, 33, 41, 50, 60, 72, 85, 100, 118, 140, 165, 190, 220, 260, 300,
-            350, 410, 480, 560, 650, 760, 880, 1000, 1150, 1300, 1500]
+    lens = [5, 6, 7, 8, 9, 10, 12, 14, 16, 18, 20, 23, 26, 30, 34, 38, 43, 48, 54, 60, 68, 76, 86, 96,
+            108, 122, 138, 156, 176, 200, 300, 1500]
     out = {}
     for i, n in enumerate(lens):
         if i % 4 == 1 and n > len(shared) + 5:
@@ -55,7 +55,7 @@ CONFIGS = {
     "no_radix": dict(disable_radix_cache=True),
     "chunk64": dict(chunked_prefill_size=64),
     "page16": dict(page_size=16),
-    "mixed_chunk": dict(enable_mixed_chunk=True, chunked_prefill_size=256),
+    "mixed_chunk": dict(enable_mixed_chunk=True, chunked_prefill_size=128),
     "max_running4": dict(max_running_requests=4),
 }
 
@@ -69,9 +69,9 @@ def test_together_equals_alone(make_scheduler, prompts, alone, name):
     assert sched.get_server_info()["num_used_tokens"] == 0
 
 
-@pytest.mark.parametrize("name", ["radix", "mixed_chunk", "page16"])
+@pytest.mark.parametrize("name", ["radix", "mixed_chunk"])
 def test_staggered_arrivals_equal_alone(make_scheduler, prompts, alone, name):
-    sched = make_scheduler(**CONFIGS[name], chunked_prefill_size=128)
+    sched = make_scheduler(**{**CONFIGS[name], "chunked_prefill_size": 128})
     arrive = {rid: (i % 8) * 3 for i, rid in enumerate(prompts)}  # new requests join running decodes
     excused = compare(alone, run(sched, prompts, greedy(), arrive=arrive))
     print(f"staggered {name}: {excused} near-tie divergences excused")
@@ -80,14 +80,14 @@ def test_staggered_arrivals_equal_alone(make_scheduler, prompts, alone, name):
 def test_small_pool_retracts_and_output_is_unchanged(make_scheduler, prompts, tokenizer):
     # A pool that holds the longest prompt but not everyone's decode growth, and no
     # reservation for future tokens: decode must run out of slots and retract.
-    subset = {rid: ids for rid, ids in prompts.items() if len(ids) <= 600}
+    subset = {rid: ids for rid, ids in list(prompts.items())[::2] if len(ids) <= 300}
     alone_sched = make_scheduler(disable_radix_cache=True)
     ref = {}
     for rid, ids in subset.items():
-        ref.update(run(alone_sched, {rid: ids}, greedy(48)))
-    sched = make_scheduler(max_total_tokens=1400, init_new_token_ratio=0.0, min_new_token_ratio=0.0,
-                           chunked_prefill_size=512)
-    together = run(sched, subset, greedy(48))
+        ref.update(run(alone_sched, {rid: ids}, greedy(32)))
+    sched = make_scheduler(max_total_tokens=600, init_new_token_ratio=0.0, min_new_token_ratio=0.0,
+                           chunked_prefill_size=128)
+    together = run(sched, subset, greedy(32))
     info = sched.get_server_info()
     assert info["num_retractions"] > 0, "the pool was meant to force retraction"
     excused = compare(ref, together)

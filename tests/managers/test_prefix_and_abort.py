@@ -43,22 +43,26 @@ def test_shared_500_token_prefix_is_reused(make_scheduler, long_text_ids, page_s
 
 
 def test_lru_eviction_under_pressure_keeps_answers(make_scheduler, long_text_ids):
-    prompts = {f"p{i}": long_text_ids[i * 90 : i * 90 + 200] for i in range(8)}
+    prompts = {f"p{i}": long_text_ids[i * 90 : i * 90 + 120] for i in range(8)}
     roomy = make_scheduler()
     ref = {}
     for rid, ids in prompts.items():
         ref.update(run(roomy, {rid: ids}, greedy()))
     # room for ~2 finished prompts in the tree: later requests must evict earlier ones (LRU)
-    tight = make_scheduler(max_total_tokens=600)
+    tight = make_scheduler(max_total_tokens=360)
     got = {}
     for rid, ids in list(prompts.items()) + list(prompts.items())[:3]:
         got.update(run(tight, {rid: ids}, greedy()))
-        assert tight.tree_cache.total_size() <= 600
+        assert tight.tree_cache.total_size() <= 360
     compare(ref, got)
+    assert got["p0"].meta["cached_tokens"] == 0  # least recently used: evicted before its rerun
+    again = run(tight, {"p2": prompts["p2"]}, greedy())  # just used: still cached
+    assert again["p2"].meta["cached_tokens"] >= 100
+    compare({"p2": ref["p2"]}, again)
     assert_no_leak(tight)
 
 
-def _submit(sched, rid, ids, max_new=64):
+def _submit(sched, rid, ids, max_new=16):
     assert sched.add_request(TokenizedGenerateReqInput(rid, ids, greedy(max_new))) is None
 
 
@@ -110,7 +114,7 @@ def test_abort_mid_decode_others_continue(make_scheduler, long_text_ids):
     outs = _drain(sched)
     assert outs["a"].finished_reason["type"] == "abort"
     assert outs["b"].finished_reason["type"] == "length"
-    assert outs["b"].meta_info["completion_tokens"] == 64
+    assert outs["b"].meta_info["completion_tokens"] == 16
     assert_no_leak(sched)
 
 
