@@ -27,6 +27,11 @@ class ServerArgs:
     served_model_name: str | None = _knob(None, "model name reported by /v1/models (default: file name)")
     dtype: str = _knob("float32", "compute dtype: float32 | float16 | bfloat16 (CPU: use float32)")
     device: str = _knob("cpu", "cpu | cuda")
+    attention_backend: str = _knob(
+        "auto", "auto | torch_native | cpu_paged (C++ kernel reading the paged KV pool in place; auto = cpu_paged "
+        "on CPU float32 when it builds, else torch_native)"
+    )
+    linear_backend: str = _knob("auto", "auto | torch | onednn: projections' GEMM (auto = oneDNN packed on CPU float32)")
     context_length: int | None = _knob(None, "override the model's context length (tokens)")
     # --- HTTP ---
     host: str = _knob("127.0.0.1", "HTTP bind address")
@@ -73,6 +78,10 @@ class ServerArgs:
             bad("dtype", f"must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             bad("device", f"must be cpu or cuda, got {self.device!r}")
+        if self.attention_backend not in ("auto", "torch_native", "cpu_paged"):
+            bad("attention_backend", f"must be auto, torch_native or cpu_paged, got {self.attention_backend!r}")
+        if self.linear_backend not in ("auto", "torch", "onednn"):
+            bad("linear_backend", f"must be auto, torch or onednn, got {self.linear_backend!r}")
         if self.page_size < 1:
             bad("page_size", "must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:

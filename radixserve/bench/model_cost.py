@@ -18,24 +18,30 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from radixserve.bench.common import time_fn
+from radixserve.layers.linear import PackableLinear
 
 
-def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The weight matrices one decode step multiplies by, in execution order (LM head last)."""
-    mats = []
+def linear_layers(model: torch.nn.Module) -> list[PackableLinear]:
+    """The projections one decode step runs, in execution order (LM head last)."""
+    mods: list[PackableLinear] = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        mats += [attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight]
-    mats.append(model.lm_head.weight)
-    return mats
+        mods += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    mods.append(model.lm_head)
+    return mods
 
 
 def layer_linear_params(model: torch.nn.Module) -> int:
     """Weights of the decoder layers' linear layers (every token multiplies by all of them)."""
-    return sum(w.numel() for w in linear_weights(model)[:-1])
+    return sum(m.num_weight_params() for m in linear_layers(model)[:-1])
+
+
+def streamed_weight_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Weight bytes a decode step must read: every projection and the LM head (the embedding lookup
+    touches a few rows only, so a tied embedding is not counted twice)."""
+    return sum(m.num_weight_params() for m in linear_layers(model)) * torch.empty(0, dtype=dtype).element_size()
 
 
 def prefill_flops(cfg: Any, model: torch.nn.Module, prompt_len: int, num_reqs: int = 1) -> float:
@@ -74,21 +80,23 @@ def decode_bytes(cfg: Any, weight_bytes: int, batch_size: int, context_len: int,
 
 @torch.inference_mode()
 def time_linear_only(model: torch.nn.Module, rows: int, repeats: int = 3, warmup: int = 1) -> dict[str, float]:
-    """Median time of one decode step's matmuls alone at `rows` rows, with the real weights."""
-    mats = linear_weights(model)
-    dtype, device = mats[0].dtype, mats[0].device
-    hidden = mats[0].shape[1]
+    """Median time of one decode step's matmuls alone at `rows` rows, with the real weights and the
+    same kernel the model runs (dense or oneDNN-packed)."""
+    mods = linear_layers(model)
+    ref = next(model.parameters())
+    dtype, device = ref.dtype, ref.device
     # Inputs of the right width for each matrix (values do not matter to the time).
-    xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype, device=device) for w in mats}
-    xs.setdefault(hidden, torch.randn(rows, hidden, dtype=dtype, device=device))
+    widths = {m.weight_dims()[1] for m in mods}
+    xs = {w: torch.randn(rows, w, dtype=dtype, device=device) for w in widths}
 
     def run() -> None:
-        for w in mats:
-            F.linear(xs[w.shape[1]], w)
+        for m in mods:
+            m.matmul(xs[m.weight_dims()[1]])
 
     times = time_fn(run, repeats=repeats, warmup=warmup, device=device)
     times.sort()
     seconds = times[len(times) // 2]
-    nbytes = sum(w.numel() * w.element_size() for w in mats)
-    flops = 2.0 * rows * sum(w.numel() for w in mats)
+    params = sum(m.num_weight_params() for m in mods)
+    nbytes = params * ref.element_size()
+    flops = 2.0 * rows * params
     return {"rows": rows, "ms": seconds * 1e3, "gb_per_s": nbytes / seconds / 1e9, "gflops": flops / seconds / 1e9}

@@ -171,7 +171,7 @@ def derive(result: dict[str, Any], runner: Any) -> None:
     result["decode_vs_prefill"] = ratios
     bw = []
     for ctx, d in sorted(by_ctx.items()):
-        b = model_cost.decode_bytes(cfg, runner.weight_bytes, 1, ctx, runner.dtype)
+        b = model_cost.decode_bytes(cfg, model_cost.streamed_weight_bytes(runner.model, runner.dtype), 1, ctx, runner.dtype)
         achieved = b["total_bytes"] / d["decode_step_ms"] / 1e6
         bw.append({"context_len": ctx, **b, "decode_step_ms": d["decode_step_ms"],
                    "bound_ms": b["total_bytes"] / roof["bandwidth_gb_per_s"] / 1e6,

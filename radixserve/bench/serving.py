@@ -183,11 +183,51 @@ async def run_benchmark(args: argparse.Namespace, convs: list[Conversation], tok
             delays.append(t)
             if args.request_rate != float("inf"):
                 t += rng.expovariate(args.request_rate)
+        before = await server_time_split(client, args.base_url)
         start = time.perf_counter()
         await asyncio.gather(*(conversation(i, c, d) for i, (c, d) in enumerate(zip(convs, delays))))
         duration = time.perf_counter() - start
+        after = await server_time_split(client, args.base_url)
         bar.close()
-    return {"model": model, "duration_s": duration, "results": results, "skipped": skipped[0]}
+    split = time_split_report(before, after, duration) if before and after else None
+    return {"model": model, "duration_s": duration, "results": results, "skipped": skipped[0], "time_split": split}
+
+
+async def server_time_split(client: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
+    """radixserve's cumulative time counters (GET /get_server_info); None from any other server."""
+    try:
+        resp = await client.get(base_url.rstrip("/") + "/get_server_info")
+        split = resp.json().get("time_split") if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return split if isinstance(split, dict) and "forward_s" in split else None
+
+
+def time_split_report(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Where the server's time went during the run, as seconds and as fractions of the run's wall time.
+
+    forward: the model's forward alone. Outside it: the rest of each scheduler step (scheduling,
+    ForwardBatch building, sampling, stop checks, output packing) plus all the CPU time of the
+    HTTP/tokenizer process (parsing, tokenisation, detokenisation, SSE). Their sum over the wall
+    time is the "CPU time outside the forward" figure.
+    """
+    d = {k: after[k] - before[k] for k in after if k in before}
+    step, fwd = d.get("step_time_s", 0.0), d.get("forward_s", 0.0)
+    out = {
+        "wall_s": wall,
+        "forward_s": fwd,
+        "scheduler_step_s": step,
+        "scheduler_outside_forward_s": step - fwd,
+        "forward_batch_init_s": d.get("forward_batch_init_s", 0.0),
+        "sample_s": d.get("sample_s", 0.0),
+        "scheduler_idle_s": max(0.0, wall - step),
+        "tokenizer_process_cpu_s": d.get("tokenizer_process_cpu_s", 0.0),
+    }
+    out["outside_forward_s"] = out["scheduler_outside_forward_s"] + out["tokenizer_process_cpu_s"]
+    for key in ("forward_s", "scheduler_outside_forward_s", "tokenizer_process_cpu_s", "outside_forward_s",
+                "scheduler_idle_s"):
+        out[key.removesuffix("_s") + "_fraction"] = out[key] / wall if wall > 0 else 0.0
+    return out
 
 
 async def first_model(client: httpx.AsyncClient, base_url: str) -> str:
@@ -253,6 +293,8 @@ def main(argv: list[str] | None = None, tokenizer: Any = None) -> dict[str, Any]
     run = asyncio.run(run_benchmark(args, convs, tokenizer))
     metrics = compute_metrics(run["results"], run["duration_s"])
     metrics["skipped"] = run["skipped"]
+    if run["time_split"] is not None:
+        metrics["server_time_split"] = run["time_split"]
     out = {
         "benchmark": "serving",
         "base_url": args.base_url,
@@ -265,6 +307,8 @@ def main(argv: list[str] | None = None, tokenizer: Any = None) -> dict[str, Any]
         out["requests"] = [{k: v for k, v in asdict(r).items() if k != "text"} for r in run["results"]]
     path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
     report(metrics, f"serving: {args.dataset} via {path} at {args.base_url} ({run['model']})")
+    if run["time_split"] is not None:
+        print_kv(run["time_split"], title="server time split (radixserve /get_server_info)")
     write_json(args.json, out)
     return out
 

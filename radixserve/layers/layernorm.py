@@ -18,6 +18,7 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
-        var = x.pow(2).mean(-1, keepdim=True)
-        out = x * torch.rsqrt(var + self.eps) * self.weight
+        # One fused kernel instead of pow/mean/add/rsqrt/mul/mul: at batch 1 these small ops were
+        # ~10% of a decode step on CPU (61 norms per step for a 30-layer model).
+        out = torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return out if residual is None else (out, residual)

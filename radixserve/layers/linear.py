@@ -8,6 +8,12 @@
 
 Each parameter carries a `weight_loader(param, loaded_weight, shard_id)` that slices the full
 checkpoint tensor to this rank's part, so a rank only keeps its own shard.
+
+On CPU in float32, `pack_linear_weights(model)` (called by ModelRunner after loading) moves every
+projection to oneDNN's prepacked layout. Measured on this project's 2-core AVX2 machine, MKL's
+`F.linear` streams a large weight at ~9 GB/s at one row and runs 32-row GEMMs at 20-40 GFLOP/s;
+oneDNN's packed kernel reads the same weights ~2x faster at 1 row and runs 32 rows 1.3-2.3x faster,
+i.e. exactly the decode shapes. The dense copy is released after packing so memory does not double.
 """
 
 from __future__ import annotations
@@ -18,6 +24,83 @@ from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
 
+LINEAR_BACKENDS = ("auto", "torch", "onednn")
+
+
+def onednn_linear_available() -> bool:
+    """True when this torch build has oneDNN's packed linear (x86 CPU wheels do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def resolve_linear_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`auto` means oneDNN on a CPU in float32 (where it was measured faster), plain torch elsewhere."""
+    if backend not in LINEAR_BACKENDS:
+        raise ValueError(f"linear_backend must be one of {LINEAR_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        ok = device.type == "cpu" and dtype == torch.float32 and onednn_linear_available()
+        return "onednn" if ok else "torch"
+    if backend == "onednn" and not (device.type == "cpu" and onednn_linear_available()):
+        raise ValueError("linear_backend='onednn' needs a CPU device and a torch build with oneDNN")
+    return backend
+
+
+class PackableLinear(nn.Module):
+    """The matmul shared by every projection: dense `F.linear`, or oneDNN's packed kernel once packed."""
+
+    weight: nn.Parameter | None
+    packed: torch.Tensor | None = None
+
+    def pack(self, release_dense: bool = True) -> None:
+        """Reorder the weight into oneDNN's blocked layout (idempotent). `release_dense` frees the
+        [out, in] copy; the shape stays readable through `weight_shape`."""
+        if self.packed is not None:
+            return
+        assert self.weight is not None
+        self.weight_shape = tuple(self.weight.shape)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous())
+        if release_dense:
+            self.weight = None
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        return F.linear(x, self.weight, bias)
+
+    def weight_dims(self) -> tuple[int, int]:
+        """(out, in) of this rank's weight, packed or not."""
+        shape = self.weight_shape if self.weight is None else self.weight.shape
+        return int(shape[0]), int(shape[1])
+
+    def num_weight_params(self) -> int:
+        out_f, in_f = self.weight_dims()
+        return out_f * in_f
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every weight a forward reads: dense parameters plus packed copies (each counted once)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for mod in model.modules():
+        if isinstance(mod, PackableLinear) and mod.packed is not None:
+            total += mod.num_weight_params() * mod.packed.element_size()
+    return total
+
+
+def pack_linear_weights(model: nn.Module) -> int:
+    """Pack every PackableLinear of `model` for oneDNN; returns how many were packed now.
+
+    A weight shared with another module (the LM head tied to the embedding) keeps its dense copy.
+    """
+    owners: dict[int, int] = {}
+    for mod in model.modules():
+        for p in mod.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    count = 0
+    for mod in model.modules():
+        if isinstance(mod, PackableLinear) and mod.packed is None and mod.weight is not None:
+            mod.pack(release_dense=owners.get(id(mod.weight), 0) <= 1)
+            count += 1
+    return count
+
 
 def _divide(n: int, d: int, what: str) -> int:
     if n % d:
@@ -25,7 +108,7 @@ def _divide(n: int, d: int, what: str) -> int:
     return n // d
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(PackableLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool, ps: ParallelState) -> None:
         super().__init__()
         self.ps = ps
@@ -42,7 +125,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(0, self.ps.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -92,7 +175,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, src_rank * size, size))
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool, ps: ParallelState) -> None:
         super().__init__()
         self.ps = ps
@@ -108,6 +191,6 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(1, self.ps.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.ps.all_reduce(F.linear(x, self.weight))
+        out = self.ps.all_reduce(self.matmul(x))
         # NOTE: bias after the reduce, or it would be added tp_size times.
         return out if self.bias is None else out + self.bias

@@ -45,11 +45,29 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)
         self.register_buffer("sin_cache", freqs.sin(), persistent=False)
 
+        self._memo: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for `positions`, [n, 1, head_dim / 2]. One model shares this module across its
+        layers, and every layer of a step passes the same positions tensor, so the gather is done
+        once per step rather than once per layer."""
+        memo = self._memo
+        if memo is not None and memo[0] is positions:
+            return memo[1], memo[2]
+        cos = self.cos_cache[positions].unsqueeze(1)
+        sin = self.sin_cache[positions].unsqueeze(1)
+        self._memo = (positions, cos, sin)
+        return cos, sin
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [n, num_heads, head_dim], k: [n, num_kv_heads, head_dim]
-        cos = self.cos_cache[positions].unsqueeze(1)  # [n, 1, head_dim / 2]
-        sin = self.sin_cache[positions].unsqueeze(1)
+        cos, sin = self.cos_sin(positions)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Rotate every head of x [n, heads, head_dim] (q and k heads side by side: one pass, not two)."""
+        cos, sin = self.cos_sin(positions)
+        return _rotate(x, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

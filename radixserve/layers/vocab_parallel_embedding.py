@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
+from radixserve.layers.linear import PackableLinear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -40,9 +41,9 @@ class VocabParallelEmbedding(nn.Module):
         return self.ps.all_reduce(out)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     """Same sharding as the embedding (so tied weights share one tensor); used as a matrix."""
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # [n, hidden] @ [hidden, V/tp] -> [n, V/tp]
-        return F.linear(hidden, self.weight)
+        return self.matmul(hidden)

@@ -52,6 +52,7 @@ class Scheduler:
         self.tracer = BatchTracer(server_args.trace_batches) if server_args.trace_batches and tp_rank == 0 else None
         self.checker = InvariantChecker(self) if server_args.check_invariants else None
         self.forward_ct = 0
+        self.step_time_s = 0.0  # wall time inside step(), cumulative (see get_server_info's time_split)
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "num_retractions": 0}
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
@@ -128,6 +129,7 @@ class Scheduler:
 
     def step(self) -> list[ReqOutput]:
         """Run one scheduling step (if there is work) and return the outputs it produced."""
+        t0 = time.perf_counter()
         self._reap_aborted()
         batch = self.get_next_batch_to_run()
         if batch is not None:
@@ -135,7 +137,9 @@ class Scheduler:
             self.process_batch_result(batch, result)
         if self.checker is not None:
             self.checker.check_memory()
-        return self.output_processor.flush()
+        outputs = self.output_processor.flush()
+        self.step_time_s += time.perf_counter() - t0
+        return outputs
 
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         batch = self.get_new_batch_prefill()
@@ -294,4 +298,11 @@ class Scheduler:
             "generation_tokens": self.stats["generation_tokens"],
             "prompt_tokens": self.stats["prompt_tokens"],
             "context_len": self.model_config.context_len,
+            # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is
+            # every step; the model forward alone is `forward_s`, so step_time_s - forward_s is the
+            # scheduling, batch building, sampling and output processing around it.
+            "time_split": {
+                "step_time_s": self.step_time_s, **self.model_runner.timers,
+                "scheduler_process_cpu_s": time.process_time(),
+            },
         }

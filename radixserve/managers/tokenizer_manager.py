@@ -192,7 +192,10 @@ class TokenizerManager:
         return (await self._rpc(FlushCacheReq(), "flush_cache")).ok
 
     async def get_server_info(self) -> dict[str, Any]:
-        return (await self._rpc(GetServerInfoReq(), "server_info")).data
+        info = (await self._rpc(GetServerInfoReq(), "server_info")).data
+        # CPU seconds of this process (HTTP, tokenisation, detokenisation), next to the scheduler's split.
+        info.setdefault("time_split", {})["tokenizer_process_cpu_s"] = time.process_time()
+        return info
 
     # ------------------------------------------------------------------ output
     async def handle_loop(self) -> None:

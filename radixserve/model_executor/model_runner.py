@@ -19,7 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
+from radixserve.layers.attention.cpu_kernels import load_paged_attention
+from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from radixserve.layers.linear import model_weight_bytes, pack_linear_weights, resolve_linear_backend
 from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
@@ -73,22 +76,42 @@ class ModelRunner:
         self.spec_algorithm = server_args.speculative_algorithm
         self._load_model(model)
         self._init_memory_pool()
-        self.attn_backend = TorchNativeAttnBackend(self.device)
+        self.attn_backend = self._make_attn_backend()
         self.sampler = Sampler()
+        self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
 
     # ------------------------------------------------------------------ init
     def _load_model(self, model: torch.nn.Module | None) -> None:
         t0 = time.perf_counter()
+        self.linear_backend = resolve_linear_backend(self.server_args.linear_backend, self.device, self.dtype)
         if model is not None:
             self.model = model
-            self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            if self.linear_backend == "onednn":
+                pack_linear_weights(model)  # idempotent: a shared model is packed once
+            self.weight_bytes = model_weight_bytes(model)
             return
         cls = get_model_class(self.model_config.architecture)
         self.model = cls(self.model_config, self.parallel_state).to(dtype=self.dtype)
         self.model.load_weights(iterate_weights(self.model_path))
         self.model.to(self.device).eval()
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if self.linear_backend == "onednn":
+            pack_linear_weights(self.model)
+        self.weight_bytes = model_weight_bytes(self.model)
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
+
+    def _make_attn_backend(self) -> TorchNativeAttnBackend:
+        choice = self.server_args.attention_backend
+        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
+        if choice == "torch_native" or (choice == "auto" and not cpu_fp32):
+            return TorchNativeAttnBackend(self.device)
+        if not cpu_fp32:
+            raise ValueError("ServerArgs.attention_backend: cpu_paged needs device=cpu and dtype=float32")
+        kernel, reason = load_paged_attention()
+        if kernel is None:
+            if choice == "cpu_paged":
+                raise ValueError(f"ServerArgs.attention_backend: cpu_paged could not be built here ({reason})")
+            return TorchNativeAttnBackend(self.device)
+        return CpuPagedAttnBackend(self.device, kernel)
 
     def _profile_max_num_tokens(self) -> int:
         cfg = self.model_config
@@ -151,7 +174,20 @@ class ModelRunner:
         return out
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
-        """ModelWorkerBatch -> ForwardBatch -> forward -> sample: the whole execution step."""
+        """ModelWorkerBatch -> ForwardBatch -> forward -> sample: the whole execution step.
+
+        Cumulative wall time of each part is kept in `self.timers` (the scheduler reports it): on CPU
+        every op is synchronous, so these are true costs; on CUDA forward/sample would only time
+        the launches unless the caller synchronises."""
+        t0 = time.perf_counter()
         forward_batch = ForwardBatch.init_new(batch, self)
+        t1 = time.perf_counter()
         logits_output = self.forward(forward_batch)
-        return GenerationBatchResult(logits_output, self.sample(logits_output, forward_batch), forward_batch)
+        t2 = time.perf_counter()
+        sample_output = self.sample(logits_output, forward_batch)
+        t3 = time.perf_counter()
+        tm = self.timers
+        tm["forward_batch_init_s"] += t1 - t0
+        tm["forward_s"] += t2 - t1
+        tm["sample_s"] += t3 - t2
+        return GenerationBatchResult(logits_output, sample_output, forward_batch)

@@ -42,14 +42,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, ps: ParallelState) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, ps: ParallelState, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
             cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias, ps
         )
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, False, ps)
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary_emb = rotary_emb  # shared by all layers (one cos/sin gather per step)
         self.attn = RadixAttention(
             self.qkv_proj.num_heads, cfg.head_dim, cfg.head_dim**-0.5, self.qkv_proj.num_kv_heads, layer_id
         )
@@ -57,18 +57,18 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(
-            positions, q.view(n, -1, self.head_dim), k.view(n, -1, self.head_dim)
-        )  # [n, heads, head_dim], [n, kv_heads, head_dim]
-        out = self.attn(q.reshape(n, -1), k.reshape(n, -1), v, forward_batch)
+        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        # q and k heads are adjacent in the qkv output: rotate them in one pass
+        qk = self.rotary_emb.rotate_heads(positions, qk.view(n, -1, self.head_dim)).view(n, -1)
+        q, k = qk.split([self.q_size, self.kv_size], dim=-1)
+        out = self.attn(q, k, v, forward_batch)
         return self.o_proj(out)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, ps: ParallelState) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, ps: ParallelState, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer_id, ps)
+        self.self_attn = LlamaAttention(cfg, layer_id, ps, rotary_emb)
         self.mlp = LlamaMLP(cfg, ps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -90,7 +90,10 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, ps: ParallelState) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, i, ps) for i in range(cfg.num_hidden_layers)])
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(cfg, i, ps, self.rotary_emb) for i in range(cfg.num_hidden_layers)]
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:

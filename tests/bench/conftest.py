@@ -12,76 +12,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
-import socket
-import subprocess
-import sys
-import tempfile
-import time
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
+
+from tests.server_process import ServerProcess
 
 API_KEY = "bench-key"
 CONTEXT_LEN = 512
-START_TIMEOUT_S = 900.0  # model load on a loaded 2-core box
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class BenchServer:
-    port: int = field(default_factory=free_port)
-    tmpdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="rs-bench-"))
-    proc: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> str:
-        return os.path.join(self.tmpdir, "server.log")
-
-    def start(self) -> None:
-        cmd = [sys.executable, "-m", "radixserve", "serve", "--port", str(self.port), "--api-key", API_KEY,
-               "--context-length", str(CONTEXT_LEN), "--max-total-tokens", "8192", "--num-threads", "1"]
-        env = {**os.environ, "TMPDIR": self.tmpdir, "TOKENIZERS_PARALLELISM": "false"}
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def wait_ready(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.3)
-        raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s:\n{self.log()}")
-
-    def log(self) -> str:
-        with contextlib.suppress(OSError), open(self.log_path, errors="replace") as f:
-            return f.read()[-4000:]
-        return ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def make_bench_server() -> ServerProcess:
+    args = ["--api-key", API_KEY, "--context-length", str(CONTEXT_LEN), "--max-total-tokens", "8192", "--num-threads", "1"]
+    return ServerProcess(args, api_key=API_KEY, context_len=CONTEXT_LEN)
 
 
 def _make_engine() -> Any:
@@ -92,7 +38,7 @@ def _make_engine() -> Any:
 
 @dataclass
 class _Background:
-    server: BenchServer | None = None
+    server: ServerProcess | None = None
     engine: concurrent.futures.Future | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1))
@@ -108,13 +54,14 @@ def _bench_background(request: pytest.FixtureRequest) -> Iterator[_Background]:
     this session will use, so their model loads run while other tests work."""
     bg = _Background()
     if _wanted(request.session, "bench_server"):
-        bg.server = BenchServer()
+        bg.server = make_bench_server()
         bg.server.start()
     if _wanted(request.session, "bench_engine"):
         bg.engine = bg.executor.submit(_make_engine)
     yield bg
     if bg.server is not None:
         bg.server.stop()
+        shutil.rmtree(bg.server.tmpdir, ignore_errors=True)
     if bg.engine is not None:
         with contextlib.suppress(Exception):  # its start failed: the test using it reported that
             bg.engine.result().shutdown()
@@ -122,7 +69,7 @@ def _bench_background(request: pytest.FixtureRequest) -> Iterator[_Background]:
 
 
 @pytest.fixture(scope="session")
-def bench_server(_bench_background: _Background) -> BenchServer:
+def bench_server(_bench_background: _Background) -> ServerProcess:
     assert _bench_background.server is not None
     _bench_background.server.wait_ready()
     return _bench_background.server

@@ -35,6 +35,12 @@ def test_random_completions_with_concurrency(bench_server, tokenizer, tmp_path):
         assert r["ttft"] + sum(r["itl"]) <= r["e2e"] + 1e-9  # last chunk before the stream ends
     assert m["e2e_latency_ms"]["max"] <= m["duration_s"] * 1e3
     assert 0 < m["concurrency"] <= 2 + 1e-6  # never more in flight than --concurrency
+    # radixserve reports where its time went: the forward is part of each step, the step part of the wall
+    ts = m["server_time_split"]
+    assert 0 < ts["forward_s"] < ts["scheduler_step_s"] <= ts["wall_s"] * 1.05
+    assert ts["sample_s"] > 0 and ts["tokenizer_process_cpu_s"] > 0
+    assert abs(ts["outside_forward_s"] - (ts["scheduler_step_s"] - ts["forward_s"] + ts["tokenizer_process_cpu_s"])) < 1e-9
+    assert abs(ts["outside_forward_fraction"] - ts["outside_forward_s"] / ts["wall_s"]) < 1e-9
 
 
 def test_multi_turn_chat_poisson_reuses_the_cache(bench_server, tokenizer, tmp_path):

@@ -26,11 +26,17 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+# (linear_backend, attention_backend): the CPU fast paths (oneDNN packed GEMMs, C++ paged attention)
+# and plain PyTorch must both match transformers.
+BACKENDS = {"fast": ("auto", "auto"), "plain": ("torch", "torch_native")}
+
+
+@pytest.fixture(scope="module", params=[(v, b) for v in VARIANTS for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny(request, tmp_path_factory):
     import transformers
 
-    cfg_name, model_name, extra = VARIANTS[request.param]
+    variant, backend = request.param
+    cfg_name, model_name, extra = VARIANTS[variant]
     torch.manual_seed(0)
     cfg = getattr(transformers, cfg_name)(**{**BASE, **extra})
     model = getattr(transformers, model_name)(cfg).float().eval()
@@ -38,9 +44,11 @@ def tiny(request, tmp_path_factory):
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
-    path = tmp_path_factory.mktemp(request.param)
+    path = tmp_path_factory.mktemp(variant)
     model.save_pretrained(path, safe_serialization=True)
-    runner = ModelRunner(ServerArgs(model_path=str(path), max_total_tokens=2048, max_running_requests=8))
+    linear, attention = BACKENDS[backend]
+    runner = ModelRunner(ServerArgs(model_path=str(path), max_total_tokens=2048, max_running_requests=8,
+                                    linear_backend=linear, attention_backend=attention))
     return model, runner
 
 
@@ -72,3 +80,18 @@ def test_unknown_architecture_is_a_clear_error(tmp_path):
     cfg_path.write_text(cfg_path.read_text().replace('"LlamaForCausalLM"', '"FooForCausalLM"'))
     with pytest.raises(ValueError, match="FooForCausalLM"):
         ModelRunner(ServerArgs(model_path=str(tmp_path), max_total_tokens=256))
+
+
+def test_backends_are_the_ones_asked_for(tiny):
+    from radixserve.layers.attention.cpu_kernels import load_paged_attention
+    from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
+
+    _, runner = tiny
+    args = runner.server_args
+    packed = [m.packed is not None for m in runner.model.modules() if hasattr(m, "packed")]
+    if args.linear_backend == "torch":
+        assert not any(packed) and runner.linear_backend == "torch"
+    else:  # auto on CPU float32 with oneDNN: every projection and the LM head packed
+        assert all(packed) == (runner.linear_backend == "onednn")
+    fast = args.attention_backend == "auto" and load_paged_attention()[0] is not None
+    assert isinstance(runner.attn_backend, CpuPagedAttnBackend) == fast

@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 class BatchedPart:
     token_idx: torch.Tensor  # [nb * L] rows of q/out belonging to these requests, request-major
     query_len: int  # L
-    kv_indices: torch.Tensor  # [nb, max_len]
+    kv_indices: torch.Tensor  # [nb, max_len] int64, contiguous
     mask: torch.Tensor  # [nb, 1, L, max_len] bool, True = attend
+    seq_lens: torch.Tensor  # [nb] int64: KV length of each request including this step's L tokens
+    all_rows: bool  # token_idx covers every row of q in order (pure DECODE / TARGET_VERIFY)
 
 
 @dataclass
@@ -83,14 +85,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
         seq_lens = fb.seq_lens[rows_t]  # [nb]
         max_len = max(fb.seq_lens_cpu[i] for i in rows)
-        kv_indices = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[rows_t], :max_len]
+        kv_indices = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[rows_t], :max_len].contiguous()
         key_pos = torch.arange(max_len, device=self.device)  # [max_len]
         # query i of a request sits at position prefix_len + i = seq_len - L + i
         q_pos = (seq_lens - q_len).unsqueeze(1) + torch.arange(q_len, device=self.device)  # [nb, L]
         mask = key_pos.view(1, 1, max_len) <= q_pos.unsqueeze(-1)  # [nb, L, max_len]
         token_idx = (torch.tensor([starts[i] for i in rows], device=self.device).unsqueeze(1)
                      + torch.arange(q_len, device=self.device)).reshape(-1)
-        return BatchedPart(token_idx, q_len, kv_indices, mask.unsqueeze(1))
+        all_rows = len(rows) * q_len == fb.input_ids.shape[0] and starts[rows[0]] == 0 and all(
+            starts[r] == j * q_len for j, r in enumerate(rows)
+        )
+        return BatchedPart(token_idx, q_len, kv_indices, mask.unsqueeze(1), seq_lens.contiguous(), all_rows)
 
     def _ragged_item(self, fb: ForwardBatch, i: int, start: int) -> RaggedItem:
         ext, pre = fb.extend_seq_lens_cpu[i], fb.extend_prefix_lens_cpu[i]
@@ -120,13 +125,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         out = torch.empty_like(q)  # [n, num_heads, head_dim]
         if md.batched is not None:
-            b = md.batched
-            nb = b.kv_indices.shape[0]
-            qb = q[b.token_idx].view(nb, b.query_len, layer.num_heads, layer.head_dim).transpose(1, 2)
-            kb = _gather(k_buf, b.kv_indices).transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
-            vb = _gather(v_buf, b.kv_indices).transpose(1, 2)
-            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=layer.scaling, enable_gqa=True)
-            out[b.token_idx] = ob.transpose(1, 2).reshape(-1, layer.num_heads, layer.head_dim)
+            self._attend_batched(q, k_buf, v_buf, layer, md.batched, out)
         for item in md.ragged:
             sl = slice(item.start, item.start + item.extend_len)
             qi = q[sl].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, head_dim]
@@ -143,6 +142,19 @@ class TorchNativeAttnBackend(AttentionBackend):
                 )
             out[sl] = oi.squeeze(0).transpose(0, 1)
         return out
+
+
+    def _attend_batched(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,
+        b: BatchedPart, out: torch.Tensor,
+    ) -> None:
+        """Rows b.token_idx of `out` = attention of the short query blocks over their gathered history."""
+        nb = b.kv_indices.shape[0]
+        qb = q[b.token_idx].view(nb, b.query_len, layer.num_heads, layer.head_dim).transpose(1, 2)
+        kb = _gather(k_buf, b.kv_indices).transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
+        vb = _gather(v_buf, b.kv_indices).transpose(1, 2)
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=layer.scaling, enable_gqa=True)
+        out[b.token_idx] = ob.transpose(1, 2).reshape(-1, layer.num_heads, layer.head_dim)
 
 
 def _gather(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,33 @@
+"""ServerArgs: every knob validated by name, and the CLI generated from the same dataclass."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from radixserve.server_args import ServerArgs
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("attention_backend", "flashinfer"), ("linear_backend", "cublas"), ("dtype", "int8"), ("page_size", 0),
+     ("device", "tpu")],
+)
+def test_bad_value_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"ServerArgs.{field}"):
+        ServerArgs(**{field: value})
+
+
+def test_unknown_keyword_is_rejected_by_name():
+    with pytest.raises(ValueError, match="attn_backend"):
+        ServerArgs.from_kwargs(attn_backend="torch_native")
+
+
+def test_cli_flags_round_trip():
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--attention-backend", "torch_native", "--linear-backend", "torch", "--page-size", "16"])
+    args = ServerArgs.from_cli_args(ns)
+    assert (args.attention_backend, args.linear_backend, args.page_size) == ("torch_native", "torch", 16)
+    assert ServerArgs.from_cli_args(parser.parse_args([])) == ServerArgs()
