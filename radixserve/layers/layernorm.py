@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 
 class RMSNorm(nn.Module):
+    cpu_ops: Any = None  # torch.ops.radixserve_cpu when the runner enabled the C++ CPU kernels
+
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
@@ -15,6 +19,16 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        ops = self.cpu_ops
+        if ops is not None and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
+            if residual is None:
+                out = x.clone()  # the caller keeps x as its residual
+                ops.fused_add_rms_norm_(out, None, self.weight, self.eps)
+                return out
+            if residual.is_contiguous():
+                # in place: residual += x, x = norm(residual) (x is a fresh projection output)
+                ops.fused_add_rms_norm_(x, residual, self.weight, self.eps)
+                return x, residual
         if residual is not None:
             x = x + residual
             residual = x

@@ -8,6 +8,7 @@ Supported scalings: none/default, linear, llama3.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +37,8 @@ def _inv_freq(head_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    cpu_ops: Any = None  # torch.ops.radixserve_cpu when the runner enabled the C++ CPU kernels
+
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
@@ -65,7 +68,13 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Rotate every head of x [n, heads, head_dim] (q and k heads side by side: one pass, not two)."""
+        """Rotate every head of x [n, heads, head_dim] (q and k heads side by side: one pass, not two).
+        With the C++ kernels x is rotated in place (it is a view into the step's qkv output)."""
+        ops = self.cpu_ops
+        if (ops is not None and x.dtype == torch.float32 and x.stride(-1) == 1 and x.stride(1) == x.shape[2]
+                and positions.is_contiguous()):
+            ops.rope_(x, positions, self.cos_cache, self.sin_cache)
+            return x
         cos, sin = self.cos_sin(positions)
         return _rotate(x, cos, sin)
 

@@ -29,6 +29,10 @@ from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
+# A waiting request is held back one step when a request admitted in the same step computes the
+# next this-many tokens it lacks (SGLang uses 32 as well).
+IN_BATCH_PREFIX_TOKENS = 32
+
 
 class Scheduler:
     def __init__(self, server_args: ServerArgs, model_runner: ModelRunner | None = None, tp_rank: int = 0) -> None:
@@ -194,6 +198,8 @@ class Scheduler:
             self.chunked_req = still
         if self.chunked_req is None:
             for req in self.waiting_queue:
+                if self._wait_for_in_batch_prefix(req, adder.can_run):
+                    continue
                 if not adder.add_one_req(req):
                     break
             self.chunked_req = adder.new_chunked_req
@@ -224,6 +230,19 @@ class Scheduler:
             return None
         return batch
 
+    def _wait_for_in_batch_prefix(self, req: Req, admitted: list[Req]) -> bool:
+        """True when a request admitted this step is about to compute the next IN_BATCH_PREFIX_TOKENS
+        tokens that `req` still lacks: `req` waits one step and then finds them in the tree
+        (SGLang's in-batch prefix caching). Without it, 16 requests arriving together with one
+        1,000-token system prompt would all prefill it."""
+        if self.server_args.disable_radix_cache or not admitted:
+            return False
+        start = len(req.prefix_indices)
+        window = req.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS]
+        if len(window) < IN_BATCH_PREFIX_TOKENS:
+            return False
+        return any(a.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS] == window for a in admitted)
+
     # ------------------------------------------------------------------ run
     def run_batch(self, batch: ScheduleBatch):
         mwb = batch.get_model_worker_batch()
@@ -237,6 +256,11 @@ class Scheduler:
 
     def process_batch_result(self, batch: ScheduleBatch, result) -> None:
         sample = result.sample_output
+        # the requests whose prompt (or a chunk of it) this step computed; MIXED also carries decodes
+        prefilled = None
+        if not batch.forward_mode.is_decode():
+            running = set(map(id, self.running_batch.reqs))
+            prefilled = {r for r in batch.reqs if id(r) not in running}
         next_ids = sample.next_token_ids.tolist()
         in_logprobs = result.logits_output.input_token_logprobs
         for i, req in enumerate(batch.reqs):
@@ -251,6 +275,10 @@ class Scheduler:
             if req.sampling_params.max_new_tokens == 0:
                 self._finish(req, FinishReason("length", matched=None))
                 continue
+            if prefilled is not None and req in prefilled and not self.server_args.disable_radix_cache:
+                # Its prompt enters the tree now, not when it finishes: requests sharing the prefix
+                # that arrive (or were held back by _wait_for_in_batch_prefix) meanwhile reuse it.
+                self.tree_cache.cache_unfinished_req(req)
             req.output_ids.append(next_ids[i])
             if req.first_token_time is None:
                 req.first_token_time = time.perf_counter()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
-from radixserve.layers.attention.cpu_kernels import load_paged_attention
+from radixserve.layers.attention.cpu_kernels import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.linear import model_weight_bytes, pack_linear_weights, resolve_linear_backend
@@ -103,15 +103,18 @@ class ModelRunner:
         choice = self.server_args.attention_backend
         cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
         if choice == "torch_native" or (choice == "auto" and not cpu_fp32):
+            enable_cpu_kernels(self.model, None)
             return TorchNativeAttnBackend(self.device)
         if not cpu_fp32:
             raise ValueError("ServerArgs.attention_backend: cpu_paged needs device=cpu and dtype=float32")
-        kernel, reason = load_paged_attention()
-        if kernel is None:
+        ops, reason = load_cpu_ops()
+        if ops is None:
             if choice == "cpu_paged":
                 raise ValueError(f"ServerArgs.attention_backend: cpu_paged could not be built here ({reason})")
             return TorchNativeAttnBackend(self.device)
-        return CpuPagedAttnBackend(self.device, kernel)
+        # the same library carries the layers' glue (fused add + RMSNorm, RoPE, SiLU-and-mul)
+        enable_cpu_kernels(self.model, ops)
+        return CpuPagedAttnBackend(self.device, ops.paged_attention)
 
     def _profile_max_num_tokens(self) -> int:
         cfg = self.model_config

@@ -95,3 +95,5 @@ def test_backends_are_the_ones_asked_for(tiny):
         assert all(packed) == (runner.linear_backend == "onednn")
     fast = args.attention_backend == "auto" and load_paged_attention()[0] is not None
     assert isinstance(runner.attn_backend, CpuPagedAttnBackend) == fast
+    glue = [m.cpu_ops is not None for m in runner.model.modules() if hasattr(m, "cpu_ops")]
+    assert glue and all(glue) == fast and any(glue) == fast  # norms, rope, activation follow the backend

@@ -1,4 +1,9 @@
-"""Build and load the C++ CPU attention kernel (csrc/paged_attention.cpp) on first use.
+"""Build and load radixserve's C++ CPU kernels (csrc/cpu_kernels.cpp) on first use.
+
+`torch.ops.radixserve_cpu` then holds `paged_attention` (the cpu_paged attention backend) and the
+decoder-layer glue `fused_add_rms_norm_`, `rope_`, `silu_and_mul` that RMSNorm, RotaryEmbedding and
+SiluAndMul use once `enable_cpu_kernels(model, ops)` has marked them (ModelRunner does this when
+the attention backend is cpu_paged).
 
 The kernel is compiled with torch.utils.cpp_extension into torch's extension cache
 (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR): the first build takes ~30-60 s on two cores,
@@ -12,17 +17,18 @@ import functools
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_attention.cpp")
-_NAME = "radixserve_cpu_attention"
+_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "cpu_kernels.cpp")
+_NAME = "radixserve_cpu_kernels"
 
 
 @functools.lru_cache(maxsize=1)
-def _build() -> tuple[Callable[..., None] | None, str]:
+def _build() -> tuple[Any | None, str]:
     try:
         from torch.utils import cpp_extension
 
@@ -36,14 +42,38 @@ def _build() -> tuple[Callable[..., None] | None, str]:
             is_python_module=False,
             verbose=False,
         )
-        return torch.ops.radixserve_cpu.paged_attention, ""
+        return torch.ops.radixserve_cpu, ""
     except Exception as exc:  # noqa: BLE001  # no compiler, no ninja, a failed build: all mean "fall back"
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def load_cpu_ops() -> tuple[Any | None, str]:
+    """(torch.ops.radixserve_cpu, "") once built or loaded; (None, reason) when this machine cannot build it."""
+    ops, reason = _build()
+    if ops is None:
+        logger.warning("C++ CPU kernels unavailable, using the PyTorch paths: %s", reason.splitlines()[0][:300])
+    return ops, reason
+
+
 def load_paged_attention() -> tuple[Callable[..., None] | None, str]:
-    """(kernel, "") once built or loaded; (None, reason) when this machine cannot build it."""
-    kernel, reason = _build()
-    if kernel is None:
-        logger.warning("C++ paged attention unavailable, using the PyTorch path: %s", reason.splitlines()[0][:300])
-    return kernel, reason
+    """(the paged attention kernel, "") or (None, reason)."""
+    ops, reason = load_cpu_ops()
+    return (None if ops is None else ops.paged_attention), reason
+
+
+def enable_cpu_kernels(model: torch.nn.Module, ops: Any | None) -> int:
+    """Point every module with a `cpu_ops` slot (RMSNorm, RotaryEmbedding, SiluAndMul) at `ops`
+    (None switches them back to plain PyTorch); returns how many modules were set."""
+    count = 0
+    for mod in model.modules():
+        if hasattr(mod, "cpu_ops"):
+            mod.cpu_ops = ops
+            count += 1
+    return count
+
+
+if __name__ == "__main__":
+    # `python -m radixserve.layers.attention.cpu_kernels`: build (or load) the kernel now, e.g. from
+    # `make setup`, so the first server start does not pay for the compile. Never fails set-up.
+    built, why = load_cpu_ops()
+    print("radixserve C++ CPU kernels:", "ready" if built is not None else f"unavailable ({why.splitlines()[0][:200]})")

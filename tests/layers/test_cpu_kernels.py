@@ -1,4 +1,6 @@
-"""The C++ paged attention kernel against scaled_dot_product_attention over explicitly gathered KV.
+"""radixserve's C++ CPU kernels against plain PyTorch: paged attention against
+scaled_dot_product_attention over explicitly gathered KV, and the decoder-layer glue (fused
+add + RMSNorm, RoPE, SiLU-and-mul) against the modules' own PyTorch paths.
 
 Slots are scattered at random over a pool larger than the batch needs (as after eviction and
 retraction), query blocks of length L > 1 check the causal limit inside the block (TARGET_VERIFY),
@@ -13,10 +15,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.layers.attention.cpu_kernels import load_paged_attention
+from radixserve.layers.activation import SiluAndMul
+from radixserve.layers.attention.cpu_kernels import load_cpu_ops
+from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.rotary_embedding import RotaryEmbedding
 
-kernel, why = load_paged_attention()
-pytestmark = pytest.mark.skipif(kernel is None, reason=f"C++ kernel could not be built here: {why}")
+ops, why = load_cpu_ops()
+kernel = ops.paged_attention if ops is not None else None
+pytestmark = pytest.mark.skipif(ops is None, reason=f"C++ kernels could not be built here: {why}")
 
 
 def reference(q, k_pool, v_pool, kv_idx, seq_lens, L, scale):
@@ -112,3 +118,52 @@ def test_wrong_dtype_and_shape_raise():
         kernel(q, k_pool, v_pool, kv_idx.int(), seq_lens, 1, 0.125, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="nb \\* L"):
         kernel(q, k_pool, v_pool, kv_idx, seq_lens, 2, 0.125, torch.empty_like(q))
+
+
+def _with_ops(module, enabled: bool):
+    module.cpu_ops = ops if enabled else None
+    return module
+
+
+@pytest.mark.parametrize("n", [1, 3, 40])
+def test_rms_norm_with_and_without_residual(n):
+    g = torch.Generator().manual_seed(n)
+    norm = RMSNorm(576, eps=1e-5)
+    norm.weight.data = torch.rand(576, generator=g) + 0.5
+    x = torch.randn(n, 576, generator=g) * 3
+    res = torch.randn(n, 576, generator=g)
+    ref = _with_ops(norm, False)(x.clone())
+    ref_out, ref_res = norm(x.clone(), res.clone())
+    fast = _with_ops(norm, True)
+    x_in = x.clone()
+    out = fast(x_in)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(x_in, x)  # without a residual the input is left alone (callers keep it)
+    out2, res2 = fast(x.clone(), res.clone())
+    torch.testing.assert_close(out2, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res2, ref_res, atol=1e-6, rtol=1e-6)
+
+
+def test_rope_in_place_on_a_strided_qkv_view():
+    g = torch.Generator().manual_seed(2)
+    rope = RotaryEmbedding(64, 4096, 10000.0)
+    n, hq, hk = 7, 9, 3
+    qkv = torch.randn(n, (hq + 2 * hk) * 64, generator=g)
+    positions = torch.tensor([0, 1, 5, 100, 4000, 17, 2])
+    qk_ref = _with_ops(rope, False).rotate_heads(positions, qkv[:, : (hq + hk) * 64].reshape(n, -1, 64))
+    v_before = qkv[:, (hq + hk) * 64 :].clone()
+    view = qkv[:, : (hq + hk) * 64].view(n, -1, 64)  # rows strided by the whole qkv width
+    out = _with_ops(rope, True).rotate_heads(positions, view)
+    assert out.data_ptr() == view.data_ptr()  # rotated in place
+    torch.testing.assert_close(out, qk_ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, (hq + hk) * 64 :], v_before)  # v untouched
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.rope_(view, torch.tensor([0, 1, 2, 3, 4, 5, 4096]), rope.cos_cache, rope.sin_cache)
+
+
+@pytest.mark.parametrize("n", [1, 33])
+def test_silu_and_mul(n):
+    x = torch.randn(n, 2 * 1536, generator=torch.Generator().manual_seed(n)) * 4
+    act = SiluAndMul()
+    ref = _with_ops(act, False)(x)
+    torch.testing.assert_close(_with_ops(act, True)(x), ref, atol=1e-5, rtol=1e-5)
