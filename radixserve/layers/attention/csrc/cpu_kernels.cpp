@@ -90,6 +90,99 @@ inline void prefetch_row(const float* p, int64_t n) {
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(float)); off += 64) __builtin_prefetch(c + off);
 }
 
+// acc[0:D] = sum_t p[t] * v[idx[t] * row + off : + D] over t < n.
+inline void weighted_sum(const float* __restrict p, const float* __restrict v, const int64_t* __restrict idx,
+                         int64_t row, int64_t off, int64_t n, int64_t D, float* __restrict acc) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 64 == 0) {
+    for (int64_t c = 0; c < D; c += 64) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+      for (int64_t t = 0; t < n; ++t) {
+        if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 64);
+        const float* vr = v + idx[t] * row + off + c;
+        const __m256 w = _mm256_set1_ps(p[t]);
+        a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 0), a0);
+        a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8), a1);
+        a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 16), a2);
+        a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 24), a3);
+        a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 32), a4);
+        a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 40), a5);
+        a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 48), a6);
+        a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 56), a7);
+      }
+      _mm256_storeu_ps(acc + c + 0, a0);
+      _mm256_storeu_ps(acc + c + 8, a1);
+      _mm256_storeu_ps(acc + c + 16, a2);
+      _mm256_storeu_ps(acc + c + 24, a3);
+      _mm256_storeu_ps(acc + c + 32, a4);
+      _mm256_storeu_ps(acc + c + 40, a5);
+      _mm256_storeu_ps(acc + c + 48, a6);
+      _mm256_storeu_ps(acc + c + 56, a7);
+    }
+    return;
+  }
+#endif
+  for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
+  for (int64_t t = 0; t < n; ++t) axpy(acc, p[t], v + idx[t] * row + off, D);
+}
+
+// Scores of every query row r = i * G + g against its visible keys, one row at a time with the
+// row's query (64 columns at a time) in registers and 4 keys per iteration as independent FMA
+// chains. False when this layout has no vector path (the caller then uses dot_group).
+inline bool row_scores(const float* qp, const float* kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
+                       int64_t H, int64_t G, int64_t D, int64_t row, int64_t len, float scale, float* scores) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 64 != 0) return false;
+  for (int64_t r = 0; r < L * G; ++r) {
+    const int64_t i = r / G, g = r % G;
+    const int64_t visible = len - L + i + 1;
+    const float* q = qp + ((b * L + i) * H + h * G + g) * D;
+    float* s = scores + r * len;
+    for (int64_t c = 0; c < D; c += 64) {
+      __m256 qv[8];
+      for (int j = 0; j < 8; ++j) qv[j] = _mm256_loadu_ps(q + c + 8 * j);
+      int64_t t = 0;
+      for (; t + 4 <= visible; t += 4) {
+        if (t + kAhead + 3 < visible) {
+          for (int u = 0; u < 4; ++u) prefetch_row(kp + idx[t + kAhead + u] * row + h * D + c, 64);
+        }
+        const float* k0 = kp + idx[t] * row + h * D + c;
+        const float* k1 = kp + idx[t + 1] * row + h * D + c;
+        const float* k2 = kp + idx[t + 2] * row + h * D + c;
+        const float* k3 = kp + idx[t + 3] * row + h * D + c;
+        __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k0));
+        __m256 a1 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k1));
+        __m256 a2 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k2));
+        __m256 a3 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k3));
+        for (int j = 1; j < 8; ++j) {
+          a0 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k0 + 8 * j), a0);
+          a1 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k1 + 8 * j), a1);
+          a2 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k2 + 8 * j), a2);
+          a3 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k3 + 8 * j), a3);
+        }
+        // 4 horizontal sums at once: [a0 a1 a2 a3] -> one __m128
+        const __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+        const __m256 h0123 = _mm256_hadd_ps(h01, h23);
+        __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(h0123), _mm256_extractf128_ps(h0123, 1));
+        sum4 = _mm_mul_ps(sum4, _mm_set1_ps(scale));
+        if (c == 0) {
+          _mm_storeu_ps(s + t, sum4);
+        } else {
+          _mm_storeu_ps(s + t, _mm_add_ps(_mm_loadu_ps(s + t), sum4));
+        }
+      }
+      for (; t < visible; ++t) {
+        const float v = dot(q + c, kp + idx[t] * row + h * D + c, 64) * scale;
+        s[t] = c == 0 ? v : s[t] + v;
+      }
+    }
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
 void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                      const at::Tensor& seq_lens, int64_t L, double scale, at::Tensor& out) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention: CPU tensors only");
@@ -135,13 +228,15 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       scores.assign(R * len, 0.f);
       acc.assign(R * D, 0.f);
       inv_sum.assign(R, 0.f);
-      // Pass 1: scores. Query i sees keys t <= len - L + i. Slots are scattered, so prefetch ahead.
-      for (int64_t t = 0; t < len; ++t) {
-        if (t + kAhead < len) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
-        const float* kr = kp + idx[t] * row + h * D;
-        for (int64_t i = (t > len - L ? t - (len - L) : 0); i < L; ++i) {
-          dot_group(qp + ((b * L + i) * H + h * G) * D, kr, G, D, sg.data());  // heads h*G .. h*G+G-1
-          for (int64_t g = 0; g < G; ++g) scores[(i * G + g) * len + t] = sg[g] * fscale;
+      // Pass 1: scores. Query i sees keys t <= len - L + i.
+      if (!row_scores(qp, kp, idx, b, h, L, H, G, D, row, len, fscale, scores.data())) {
+        for (int64_t t = 0; t < len; ++t) {
+          if (t + kAhead < len) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
+          const float* kr = kp + idx[t] * row + h * D;
+          for (int64_t i = (t > len - L ? t - (len - L) : 0); i < L; ++i) {
+            dot_group(qp + ((b * L + i) * H + h * G) * D, kr, G, D, sg.data());  // heads h*G .. h*G+G-1
+            for (int64_t g = 0; g < G; ++g) scores[(i * G + g) * len + t] = sg[g] * fscale;
+          }
         }
       }
       // Softmax of each row over its visible keys; the normaliser is applied at the end. Built with
@@ -156,16 +251,12 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         for (int64_t t = 0; t < visible; ++t) sum += s[t];
         inv_sum[r] = 1.f / sum;
       }
-      // Pass 2: weighted sum of V rows.
-      for (int64_t t = 0; t < len; ++t) {
-        if (t + kAhead < len) prefetch_row(vp + idx[t + kAhead] * row + h * D, D);
-        const float* vr = vp + idx[t] * row + h * D;
-        for (int64_t i = (t > len - L ? t - (len - L) : 0); i < L; ++i) {
-          for (int64_t g = 0; g < G; ++g) {
-            const int64_t r = i * G + g;
-            axpy(acc.data() + r * D, scores[r * len + t], vr, D);
-          }
-        }
+      // Pass 2: weighted sum of V rows, one query row at a time with its 64-column slice of the
+      // accumulator held in registers (an in-memory accumulator updated per key stalled on
+      // store-to-load forwarding). Each V row is read R times, from L1/L2 after the first.
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t visible = len - L + r / G + 1;
+        weighted_sum(scores.data() + r * len, vp, idx, row, h * D, visible, D, acc.data() + r * D);
       }
       for (int64_t r = 0; r < R; ++r) {
         const int64_t i = r / G, g = r % G;
