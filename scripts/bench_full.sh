@@ -23,6 +23,13 @@ sys.exit(1)
 PY
 }
 
+# shared_prefix PORT NAME: the shared-prefix workload (8 groups x 16, 1,000-token prefix) against :PORT
+shared_prefix() {
+  radixserve bench serving --base-url "http://127.0.0.1:$1" --dataset shared-prefix --num-groups 8 --group-size 16 \
+    --prefix-len 1000 --question-len 64 --output-len-range 16,16 --concurrency 32 --seed 0 --disable-tqdm \
+    --json "$O/shared_prefix_$2.json" > "$O/shared_prefix_$2.txt" 2>&1
+}
+
 log "one-batch"
 radixserve bench one-batch --profile --json $O/one_batch.json --plot $O/one_batch.png > $O/one_batch.txt 2>&1
 log "roofline"
@@ -37,9 +44,7 @@ radixserve bench serving --base-url http://127.0.0.1:30100 --dataset random --nu
   --input-len-range 100,400 --output-len-range 16,256 --concurrency 32 --seed 0 --disable-tqdm \
   --json $O/serving_random.json > $O/serving_random.txt 2>&1
 log "serving shared-prefix (radix on)"
-radixserve bench serving --base-url http://127.0.0.1:30100 --dataset shared-prefix --num-groups 8 --group-size 16 \
-  --prefix-len 1000 --question-len 64 --output-len-range 16,16 --concurrency 32 --seed 0 --disable-tqdm \
-  --json $O/shared_prefix_on.json > $O/shared_prefix_on.txt 2>&1
+shared_prefix 30100 on
 kill $SP; wait $SP 2>/dev/null
 
 log "server (radix off)"
@@ -47,9 +52,7 @@ radixserve serve --port 30101 --disable-radix-cache > $O/server_off.log 2>&1 &
 SP=$!
 wait_ready 30101 || log "server failed"
 log "serving shared-prefix (radix off)"
-radixserve bench serving --base-url http://127.0.0.1:30101 --dataset shared-prefix --num-groups 8 --group-size 16 \
-  --prefix-len 1000 --question-len 64 --output-len-range 16,16 --concurrency 32 --seed 0 --disable-tqdm \
-  --json $O/shared_prefix_off.json > $O/shared_prefix_off.txt 2>&1
+shared_prefix 30101 off
 kill $SP; wait $SP 2>/dev/null
 
 log "baseline static 16 (+ radixserve offline) on the same 128 random requests"
