@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_origin
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+API_KEY_ENV = "RADIXSERVE_API_KEY"
 
 
 def _knob(default: Any, help: str, **extra: Any) -> Any:
@@ -32,11 +33,43 @@ class ServerArgs:
         "on CPU float32 when it builds, else torch_native)"
     )
     linear_backend: str = _knob("auto", "auto | torch | onednn: projections' GEMM (auto = oneDNN packed on CPU float32)")
+    enable_deterministic_inference: bool = _knob(
+        False, "batch-invariant execution: greedy and seeded requests get bit-identical tokens and logprobs "
+        "whatever else shares their batch, in any order, with or without a cached prefix or chunking "
+        "(fixed-size GEMM row tiles, one per-row attention kernel for every mode, per-row sampling). "
+        "CPU float32 only, needs the C++ CPU kernels (start-up fails if they cannot be built); slower"
+    )
     context_length: int | None = _knob(None, "override the model's context length (tokens)")
     # --- HTTP ---
     host: str = _knob("127.0.0.1", "HTTP bind address")
     port: int = _knob(30000, "HTTP port")
-    api_key: str | None = _knob(None, "if set, requests must send 'Authorization: Bearer KEY'")
+    api_key: str | None = _knob(
+        None, "if set, every route but /health requires 'Authorization: Bearer KEY' (or set the "
+        f"{API_KEY_ENV} environment variable, which keeps the key out of `ps`)"
+    )
+    allowed_origins: str | None = _knob(
+        None, "comma-separated origins allowed by CORS (e.g. 'http://localhost:8080' or '*'); CORS is off "
+        "unless set"
+    )
+    graceful_shutdown_timeout: float = _knob(
+        30.0, "after SIGTERM, new requests get 503 while running ones may finish for this many seconds"
+    )
+    # --- request bounds (one request can never take the server down or stall the queue) ---
+    max_queued_requests: int = _knob(
+        1024, "requests in flight beyond max_running_requests; more get 429 with Retry-After"
+    )
+    max_request_body_bytes: int = _knob(8 * 1024 * 1024, "largest HTTP request body; larger gets 413")
+    max_prompts_per_request: int = _knob(256, "most prompts in one batched call")
+    max_n: int = _knob(128, "most samples per prompt (n)")
+    max_top_logprobs: int = _knob(20, "most top-logprob alternatives per token (OpenAI's limit is 20)")
+    max_stop_strings: int = _knob(16, "most stop strings (and, separately, stop token ids) per request")
+    max_stop_string_len: int = _knob(256, "longest stop string, in characters")
+    max_logit_bias: int = _knob(1024, "most logit_bias entries per request")
+    request_timeout: float | None = _knob(
+        600.0, "default per-request timeout in seconds (a request's own 'timeout' may be shorter); the "
+        "request is aborted and its KV returned. None/0 = no default"
+    )
+    rpc_timeout: float = _knob(30.0, "seconds a control call (flush_cache, server info) waits for the scheduler")
     # --- memory ---
     max_total_tokens: int | None = _knob(None, "KV pool size in tokens (default: from the memory budget)")
     mem_fraction_static: float = _knob(0.8, "GPU: fraction of device memory for weights + KV pool")
@@ -74,6 +107,19 @@ class ServerArgs:
         def bad(name: str, why: str) -> None:
             raise ValueError(f"ServerArgs.{name}: {why}")
 
+        if self.api_key is None and os.environ.get(API_KEY_ENV):
+            object.__setattr__(self, "api_key", os.environ[API_KEY_ENV])  # frozen: set once, here
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            object.__setattr__(self, "request_timeout", None)
+        for name in ("max_queued_requests", "max_request_body_bytes", "max_prompts_per_request", "max_n",
+                     "max_stop_strings", "max_stop_string_len", "max_logit_bias"):
+            if getattr(self, name) < 1:
+                bad(name, "must be >= 1")
+        if self.max_top_logprobs < 0:
+            bad("max_top_logprobs", "must be >= 0")
+        if not self.rpc_timeout > 0 or not self.graceful_shutdown_timeout >= 0:
+            bad("rpc_timeout", "rpc_timeout must be > 0 and graceful_shutdown_timeout >= 0")
+
         if self.dtype not in ("float32", "float16", "bfloat16"):
             bad("dtype", f"must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -82,6 +128,18 @@ class ServerArgs:
             bad("attention_backend", f"must be auto, torch_native or cpu_paged, got {self.attention_backend!r}")
         if self.linear_backend not in ("auto", "torch", "onednn"):
             bad("linear_backend", f"must be auto, torch or onednn, got {self.linear_backend!r}")
+        if self.enable_deterministic_inference:
+            why = None
+            if self.device != "cpu" or self.dtype != "float32":
+                why = f"needs device=cpu and dtype=float32 (got {self.device}, {self.dtype})"
+            elif self.attention_backend == "torch_native":
+                why = "uses its own C++ attention path for every mode; attention_backend=torch_native conflicts"
+            elif self.tp_size > 2:
+                # two ranks' partial sums add in one order-free step; with more, the all-reduce's
+                # summation order of an element depends on the tensor's size, i.e. on the batch
+                why = f"supports tp_size <= 2 (got {self.tp_size})"
+            if why:
+                bad("enable_deterministic_inference", why)
         if self.page_size < 1:
             bad("page_size", "must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:

@@ -34,6 +34,7 @@ class ServerProcess:
     log_path: str = ""
     started_at: float = 0.0
     ready_after_s: float | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the server
 
     @property
     def base_url(self) -> str:
@@ -41,7 +42,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path = os.path.join(self.tmpdir, "server.log")
-        env = {**os.environ, "TMPDIR": self.tmpdir, "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "TMPDIR": self.tmpdir, "TOKENIZERS_PARALLELISM": "false", **self.env}
         cmd = [sys.executable, "-m", "radixserve", "serve", "--port", str(self.port), *self.extra_args]
         self.started_at = time.monotonic()
         with open(self.log_path, "wb") as log:
@@ -63,7 +64,7 @@ class ServerProcess:
                     f"server exited with {self.proc.returncode} during start-up:\n{self.log()}"
                 )
             try:
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:  # /health needs no key
                     self.ready_after_s = time.monotonic() - self.started_at
                     return
             except httpx.HTTPError:

@@ -21,17 +21,17 @@ from typing import Any
 from tqdm import tqdm
 
 from radixserve.entrypoints.launcher import SchedulerHandle, launch_scheduler
+from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 from radixserve.managers.scheduler_process import ShutdownReq
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.model_loader import get_tokenizer
-from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
 PROGRESS_BAR_MIN_BATCH = 16
 
 
 def _public(out: dict[str, Any]) -> dict[str, Any]:
-    return {"text": out["text"], "output_ids": out["output_ids"], "meta_info": out["meta_info"]}
+    return {"text": out["text"], "output_ids": list(out["output_ids"]), "meta_info": out["meta_info"]}
 
 
 class Engine:
@@ -45,7 +45,7 @@ class Engine:
         ports, info = self.handle.ports, self.handle.info
 
         async def make() -> TokenizerManager:
-            return TokenizerManager(self.tokenizer, ports.to_scheduler, ports.from_scheduler, info)
+            return TokenizerManager(self.tokenizer, ports.to_scheduler, ports.from_scheduler, info, self.server_args)
 
         self.tm: TokenizerManager = self._run(make())
         self._closed = False
@@ -69,38 +69,15 @@ class Engine:
                 return
 
     # ------------------------------------------------------------------ inputs
-    def _normalize(
-        self,
-        prompt: str | list[str] | None,
-        input_ids: list[int] | list[list[int]] | None,
-        sampling_params: dict | list[dict] | None,
-    ) -> tuple[list[list[int]], list[SamplingParams], bool]:
-        """Tokenise and validate everything up front: a bad item raises before anything runs."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("prompt: give exactly one of prompt or input_ids")
-        if prompt is not None:
-            is_batch = isinstance(prompt, list)
-            texts = prompt if is_batch else [prompt]
-            ids = [self.tm.tokenize(t, None) for t in texts]
-        else:
-            is_batch = bool(input_ids) and isinstance(input_ids[0], list)
-            ids = [self.tm.tokenize(None, x) for x in (input_ids if is_batch else [input_ids])]
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(ids):
-                raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(ids)} prompts")
-            params = [SamplingParams.from_dict(p) for p in sampling_params]
-        else:
-            params = [SamplingParams.from_dict(sampling_params) for _ in ids]
-        for x, p in zip(ids, params):
-            self.tm.validate(x, p)
-        # n > 1: independent samples of the same prompt (seed + i keeps seeded runs reproducible)
-        exp_ids, exp_params = [], []
-        for x, p in zip(ids, params):
-            for i in range(p.n):
-                q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + i})
-                exp_ids.append(x)
-                exp_params.append(q)
-        return exp_ids, exp_params, is_batch or len(exp_ids) > 1
+    def _normalize(self, prompt: Any, input_ids: Any, sampling_params: Any, rid: str | None, timeout: float | None,
+                   **flags: Any) -> tuple[list[TokenizedGenerateReqInput], bool]:
+        """The one normalisation path (RequestNormalizer): a bad item raises before anything runs."""
+        obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
+                               timeout=timeout, **flags)
+        return self._run(self._normalize_on_loop(obj))
+
+    async def _normalize_on_loop(self, obj: GenerateReqInput) -> tuple[list[TokenizedGenerateReqInput], bool]:
+        return self.tm.normalize(obj)  # on the loop's thread: tm.states is read there
 
     # ------------------------------------------------------------------ generate
     def generate(
@@ -112,17 +89,19 @@ class Engine:
         top_logprobs_num: int = 0,
         return_prompt_logprob: bool = False,
         stream: bool = False,
+        rid: str | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Returns a dict (or a list for batch input); with stream=True, an iterator of
         incremental dicts whose "text" and "output_ids" hold only what is new."""
-        ids, params, is_batch = self._normalize(prompt, input_ids, sampling_params)
-        kw = dict(return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-                  return_prompt_logprob=return_prompt_logprob)
+        subs, is_batch = self._normalize(prompt, input_ids, sampling_params, rid, timeout,
+                                         return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+                                         return_prompt_logprob=return_prompt_logprob, stream=stream)
         if stream:
             if is_batch:
                 raise ValueError("stream: streaming takes a single prompt")
-            return self._stream_sync(ids[0], params[0], kw)
-        futures = [self._submit(self._one(x, p, kw)) for x, p in zip(ids, params)]
+            return self._stream_sync(subs[0])
+        futures = [self._submit(self._one(sub)) for sub in subs]
         show = self.server_args.show_progress and len(futures) >= PROGRESS_BAR_MIN_BATCH
         if show:
             with tqdm(total=len(futures), desc="generate", unit="req") as bar:
@@ -133,14 +112,14 @@ class Engine:
             results = [f.result() for f in futures]
         return results if is_batch else results[0]
 
-    async def _one(self, ids: list[int], params: SamplingParams, kw: dict[str, Any]) -> dict[str, Any]:
+    async def _one(self, sub: TokenizedGenerateReqInput) -> dict[str, Any]:
         last: dict[str, Any] = {}
-        async for out in self.tm.generate_request(ids, params, **kw):
+        async for out in self.tm.generate_request(sub):
             last = out
         return _public(last)
 
-    def _stream_sync(self, ids: list[int], params: SamplingParams, kw: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        agen = self.tm.generate_request(ids, params, stream=True, **kw)
+    def _stream_sync(self, sub: TokenizedGenerateReqInput) -> Iterator[dict[str, Any]]:
+        agen = self.tm.generate_request(sub)
         try:
             while True:
                 try:
@@ -160,21 +139,24 @@ class Engine:
         top_logprobs_num: int = 0,
         return_prompt_logprob: bool = False,
         stream: bool = False,
+        rid: str | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """Like generate(), awaitable from any event loop."""
-        ids, params, is_batch = self._normalize(prompt, input_ids, sampling_params)
-        kw = dict(return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-                  return_prompt_logprob=return_prompt_logprob)
+        obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
+                               timeout=timeout, return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+                               return_prompt_logprob=return_prompt_logprob, stream=stream)
+        subs, is_batch = await asyncio.wrap_future(self._submit(self._normalize_on_loop(obj)))
         if stream:
             if is_batch:
                 raise ValueError("stream: streaming takes a single prompt")
-            return self._stream_async(ids[0], params[0], kw)
-        futs = [asyncio.wrap_future(self._submit(self._one(x, p, kw))) for x, p in zip(ids, params)]
+            return self._stream_async(subs[0])
+        futs = [asyncio.wrap_future(self._submit(self._one(sub))) for sub in subs]
         results = await asyncio.gather(*futs)
         return list(results) if is_batch else results[0]
 
-    async def _stream_async(self, ids: list[int], params: SamplingParams, kw: dict[str, Any]) -> AsyncIterator[dict]:
-        agen = self.tm.generate_request(ids, params, stream=True, **kw)
+    async def _stream_async(self, sub: TokenizedGenerateReqInput) -> AsyncIterator[dict]:
+        agen = self.tm.generate_request(sub)
         try:
             while True:
                 try:
@@ -186,8 +168,9 @@ class Engine:
             await asyncio.wrap_future(self._submit(agen.aclose()))
 
     # ------------------------------------------------------------------ control
-    def abort_request(self, rid: str) -> None:
-        self._run(self.tm.abort_request(rid))
+    def abort_request(self, rid: str) -> list[str]:
+        """Abort `rid` (exactly, and the rid-i sub-requests of a batch / n call made with it)."""
+        return self._run(self.tm.abort_request(rid))
 
     def flush_cache(self) -> bool:
         return self._run(self.tm.flush_cache())
@@ -201,12 +184,7 @@ class Engine:
         self._closed = True
         if self.handle is not None:
             if self.handle.is_alive():
-                # NOTE: zmq.asyncio's send_pyobj returns a Future, not a coroutine, so it
-                # cannot go to run_coroutine_threadsafe directly.
-                async def send_shutdown() -> None:
-                    await self.tm.send_sock.send_pyobj(ShutdownReq())
-
-                self._run(send_shutdown())
+                self.loop.call_soon_threadsafe(self.tm.send, ShutdownReq())  # sockets live on the loop's thread
             self.handle.stop()
             self.handle = None
         self._run(self.tm.close())

@@ -3,9 +3,10 @@
     launch_server(args): bind the port (fail fast) -> scheduler process loads the model while
         this one loads the tokenizer -> uvicorn; lifespan start: TokenizerManager on uvicorn's
         loop + watchdog on the scheduler -> "radixserve ready on http://HOST:PORT (model NAME)"
-    SIGTERM / Ctrl-C: in-flight requests end at once (503 / an SSE error event), uvicorn drains
+    SIGTERM / Ctrl-C: drain -- new requests (and /health) get 503 while running ones finish, for
+        up to --graceful-shutdown-timeout seconds (then uvicorn cancels them: their KV is freed)
         -> lifespan end: ShutdownReq to the scheduler, join / terminate it, IPC files removed
-        -> socket closed -> "radixserve: stopped", exit status 0.
+        -> socket closed -> "radixserve: stopped", exit status 0. A second Ctrl-C stops at once.
 
 Generation routes live here, the others in server_routes.py; the OpenAI logic in serving_*.py.
 
@@ -34,9 +35,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixserve import __version__
-from radixserve.entrypoints.api_key import APIKeyMiddleware
 from radixserve.entrypoints.launcher import SchedulerHandle, launch_scheduler
-from radixserve.entrypoints.openai_serving import install_error_handlers, scheduler_died
+from radixserve.entrypoints.openai_serving import APIError, install_error_handlers, scheduler_died
+from radixserve.entrypoints.request_gate import RequestGate
 from radixserve.entrypoints.server_routes import add_info_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
 from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
@@ -46,7 +47,6 @@ from radixserve.managers.tokenizer_manager import SchedulerDied, TokenizerManage
 from radixserve.metrics import ServerMetrics
 from radixserve.server_args import ServerArgs
 
-GRACEFUL_SHUTDOWN_S = 3  # open streams get this long after SIGTERM before they are cut
 SCHEDULER_STOP_TIMEOUT_S = 3.0  # after the ShutdownReq: its current step may take a while on CPU
 WATCHDOG_INTERVAL_S = 0.5
 
@@ -67,6 +67,8 @@ class ServerState:
     def tm_or_503(self) -> TokenizerManager:
         if self.tm is None or self.tm.dead_reason:
             raise scheduler_died(SchedulerDied(self.tm.dead_reason if self.tm else "not started"))
+        if self.tm.draining:
+            raise APIError(503, "the server is shutting down", code="unavailable")
         return self.tm
 
 
@@ -80,7 +82,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = state.loop = asyncio.get_running_loop()
         info, ports, proc = state.handle.info, state.handle.ports, state.handle.process
-        tm = TokenizerManager(state.tokenizer, ports.to_scheduler, ports.from_scheduler, info)
+        tm = TokenizerManager(state.tokenizer, ports.to_scheduler, ports.from_scheduler, info, args)
         state.tm, state.metrics = tm, ServerMetrics(name)
         tm.metrics = state.metrics
         servings.update(chat=OpenAIServingChat(tm, args, state.metrics),
@@ -104,13 +106,18 @@ def build_app(state: ServerState) -> FastAPI:
             ready.cancel()
             watch.cancel()
             if state.handle.is_alive():
-                await tm.send_sock.send_pyobj(ShutdownReq())
+                tm.send(ShutdownReq())
             await asyncio.to_thread(state.handle.stop, SCHEDULER_STOP_TIMEOUT_S)
             await tm.close()
 
     app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan)
-    if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+    app.add_middleware(RequestGate, api_key=args.api_key, max_body_bytes=args.max_request_body_bytes)
+    if args.allowed_origins:  # added last = outermost: preflights are answered before the gate
+        from starlette.middleware.cors import CORSMiddleware
+
+        origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     install_error_handlers(app)
 
@@ -136,12 +143,8 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 class _UvicornServer(uvicorn.Server):
-    """uvicorn that ends in-flight requests at the first SIGTERM / Ctrl-C.
-
-    uvicorn drains open connections before the lifespan ends, and a stream would keep its
-    connection open until the graceful timeout; failing the requests (503 / an SSE error
-    event) lets them close at once.
-    """
+    """uvicorn that drains at SIGTERM / Ctrl-C: the TokenizerManager stops accepting requests
+    (503) while uvicorn lets the open ones finish, up to timeout_graceful_shutdown."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
@@ -152,7 +155,7 @@ class _UvicornServer(uvicorn.Server):
         tm, loop = self.state.tm, self.state.loop
         if tm is not None and loop is not None and not tm.dead_reason:
             # a signal handler runs between bytecodes of the loop's thread: hand over, don't call
-            loop.call_soon_threadsafe(tm.fail_all, "the server is shutting down")
+            loop.call_soon_threadsafe(setattr, tm, "draining", True)
 
 
 async def _announce_ready(state: ServerState) -> None:
@@ -234,7 +237,7 @@ def launch_server(server_args: ServerArgs) -> None:
             raise SystemExit(f"radixserve: cannot start: {e}") from None
         state = ServerState(server_args, handle, tokenizer, port=sock.getsockname()[1])
         config = uvicorn.Config(build_app(state), log_level=server_args.log_level, loop="asyncio",
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=30)
+                                timeout_graceful_shutdown=server_args.graceful_shutdown_timeout, timeout_keep_alive=30)
         state.uvicorn_server = _UvicornServer(config, state)
         state.uvicorn_server.run(sockets=[sock])
     except KeyboardInterrupt:

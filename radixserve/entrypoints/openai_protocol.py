@@ -47,6 +47,7 @@ class _SamplingFields(_Request):
     skip_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
     rid: str | None = None
+    timeout: float | None = None  # seconds; the request is aborted after it (408)
 
 
 class CompletionRequest(_SamplingFields):
@@ -88,6 +89,7 @@ class GenerateRequest(_Request):
     top_logprobs_num: int = 0
     return_prompt_logprob: bool = False
     rid: str | None = None
+    timeout: float | None = None
 
 
 class AbortRequest(_Request):

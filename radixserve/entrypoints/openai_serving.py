@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -31,7 +30,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from radixserve.managers.tokenizer_manager import SchedulerDied, TokenizerManager
+from radixserve.managers.io_struct import TokenizedGenerateReqInput
+from radixserve.managers.tokenizer_manager import (
+    QueueFull,
+    RequestError,
+    SchedulerDied,
+    ServerUnavailable,
+    TokenizerManager,
+)
 from radixserve.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -40,25 +46,61 @@ DISCONNECT_POLL_S = 1.0  # how often a waiting handler asks whether its client i
 _DONE = object()
 
 # Field names a ValueError message may start with (SamplingParams.verify, tm.validate).
-_KNOWN_PARAMS = {f for f in SamplingParams.__dataclass_fields__} | {"prompt", "input_ids", "rid", "messages"}
+_KNOWN_PARAMS = {f for f in SamplingParams.__dataclass_fields__} | {
+    "prompt", "input_ids", "rid", "messages", "top_logprobs_num", "timeout", "priority", "return_logprob",
+    "return_prompt_logprob", "stream", "sampling_params",
+}
 # SamplingParams name -> OpenAI name, so an error names the field the client actually sent.
 OPENAI_RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+_CODES = {400: "invalid_value", 401: "invalid_api_key", 404: "not_found", 408: "request_timeout",
+          413: "request_too_large", 415: "unsupported_media_type", 429: "rate_limit_exceeded",
+          503: "unavailable"}
+
+
+class BodyTooLarge(Exception):
+    """The request body grew past --max-request-body-bytes while it was being read (HTTP 413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request body exceeds the server's limit of {limit} bytes (--max-request-body-bytes)")
 
 
 class APIError(Exception):
     """An error with its HTTP status, rendered as OpenAI's {"error": {...}} body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
-        self.code = code or {400: "invalid_value", 401: "invalid_api_key", 404: "not_found"}.get(status)
+        self.code = code or _CODES.get(status)
+        self.headers = headers
 
-    def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "invalid_request_error"}.get(
+    def body(self) -> dict[str, Any]:
+        kind = {401: "authentication_error", 429: "rate_limit_error"}.get(
             self.status, "invalid_request_error" if self.status < 500 else "server_error"
         )
-        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    @classmethod
+    def from_exception(cls, e: BaseException, renames: dict[str, str] | None = None) -> APIError | None:
+        """The status an exception from request handling maps to; None for an unexpected one."""
+        if isinstance(e, APIError):
+            return e
+        if isinstance(e, ValueError):
+            return cls.from_value_error(e, renames)
+        if isinstance(e, SchedulerDied):
+            return scheduler_died(e)
+        if isinstance(e, ServerUnavailable):
+            return cls(503, str(e), code="unavailable")
+        if isinstance(e, QueueFull):
+            return cls(429, str(e), headers={"Retry-After": str(QueueFull.retry_after_s)})
+        if isinstance(e, BodyTooLarge):
+            return cls(413, str(e))
+        if isinstance(e, RequestError):
+            return cls(e.status, str(e), code=_CODES.get(e.status, "internal_error"))
+        return None
 
     @classmethod
     def from_value_error(cls, e: ValueError, renames: dict[str, str] | None = None) -> APIError:
@@ -95,8 +137,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return APIError.from_value_error(e).response()
 
     @app.exception_handler(SchedulerDied)
-    async def _died(_: Request, e: SchedulerDied) -> Response:
-        return scheduler_died(e).response()
+    @app.exception_handler(ServerUnavailable)
+    @app.exception_handler(QueueFull)
+    @app.exception_handler(RequestError)
+    @app.exception_handler(BodyTooLarge)
+    async def _mapped(_: Request, e: Exception) -> Response:
+        err = APIError.from_exception(e)
+        assert err is not None
+        return err.response()
 
     @app.exception_handler(ConnectionAbortedError)
     async def _client_gone(_: Request, e: ConnectionAbortedError) -> Response:
@@ -134,30 +182,22 @@ async def parse_body(request: Request, model: type[Any]) -> Any:
         raise APIError.from_validation_error(e) from None
 
 
-@dataclass
-class SubRequest:
-    input_ids: list[int]
-    params: SamplingParams
-    rid: str
-
-
 class RequestGroup:
     """The sub-requests of one API call, each driven by its own asyncio task (see module doc)."""
 
-    def __init__(self, tm: TokenizerManager, subs: list[SubRequest], *, metrics: Any = None,
-                 **gen_kwargs: Any) -> None:
+    def __init__(self, tm: TokenizerManager, subs: list[TokenizedGenerateReqInput], *, metrics: Any = None) -> None:
         self.tm, self.subs, self.metrics = tm, subs, metrics
         self.queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.finished = [False] * len(subs)
-        self.tasks = [asyncio.create_task(self._pump(i, sub, gen_kwargs)) for i, sub in enumerate(subs)]
+        self.tasks = [asyncio.create_task(self._pump(i, sub)) for i, sub in enumerate(subs)]
 
-    async def _pump(self, i: int, sub: SubRequest, gen_kwargs: dict[str, Any]) -> None:
+    async def _pump(self, i: int, sub: TokenizedGenerateReqInput) -> None:
         # NOTE: always stream from the scheduler, even when the client does not: the
         # TokenizerManager times the first token on arrival, and a non-streamed request's only
         # output arrives at the end (TTFT would equal the whole latency in /metrics).
+        sub.stream = True
         try:
-            async for out in self.tm.generate_request(sub.input_ids, sub.params, rid=sub.rid, stream=True,
-                                                      **gen_kwargs):
+            async for out in self.tm.generate_request(sub):
                 self.finished[i] = self.finished[i] or out["finished"]
                 self.queue.put_nowait((i, out))
         except Exception as e:  # noqa: BLE001  # handed to the reader, which raises it in the handler
@@ -234,14 +274,9 @@ SSE_DONE = "data: [DONE]\n\n"
 
 def sse_error(e: BaseException) -> str:
     """An error that happens after the 200 headers went out, as a final SSE event."""
-    if isinstance(e, SchedulerDied):
-        err = scheduler_died(e)
-    elif isinstance(e, ValueError):
-        err = APIError.from_value_error(e, OPENAI_RENAMES)
-    else:
-        err = APIError(500, f"{type(e).__name__}: {e}", code="internal_error")
-    return sse({"error": {"message": err.message, "type": "invalid_request_error" if err.status < 500 else
-                          "server_error", "param": err.param, "code": err.code}})
+    err = APIError.from_exception(e, OPENAI_RENAMES) or APIError(500, f"{type(e).__name__}: {e}",
+                                                                 code="internal_error")
+    return sse(err.body())
 
 
 def finish_reason(meta: dict[str, Any]) -> tuple[str | None, int | str | None]:
@@ -252,10 +287,22 @@ def finish_reason(meta: dict[str, Any]) -> tuple[str | None, int | str | None]:
     return reason["type"], reason.get("matched")
 
 
-def trim_stop_token(out: dict[str, Any]) -> int:
-    """How many output tokens belong to the text: an EOS / stop token that ended it does not."""
-    n = len(out["output_ids"])
+def ends_with_stop_token(out: dict[str, Any]) -> bool:
+    """True when the output's last token is the EOS / stop token that ended it (not part of the text)."""
     reason = out["meta_info"].get("finish_reason") or {}
-    if reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and n:
-        return n - 1
-    return n
+    return bool(out["finished"] and reason.get("type") == "stop" and isinstance(reason.get("matched"), int))
+
+
+def new_logprob_items(out: dict[str, Any]) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """(logprob, token id, top alternatives) of the tokens this output added that belong to the text."""
+    pairs, tops = out["new_logprobs"], out["new_top_logprobs"]
+    n = len(pairs) - (1 if ends_with_stop_token(out) and pairs else 0)
+    return [(lp, tok, tops[k] if k < len(tops) else []) for k, (lp, tok) in enumerate(pairs[:n])]
+
+
+def all_logprob_items(out: dict[str, Any]) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """The same for a finished output's whole text (non-streamed responses)."""
+    meta = out["meta_info"]
+    pairs, tops = meta.get("output_token_logprobs") or [], meta.get("output_top_logprobs") or []
+    n = len(pairs) - (1 if ends_with_stop_token(out) and pairs else 0)
+    return [(lp, tok, tops[k] if k < len(tops) else []) for k, (lp, tok) in enumerate(pairs[:n])]

@@ -13,9 +13,9 @@ from starlette.responses import JSONResponse, Response
 
 from radixserve import __version__
 from radixserve.entrypoints.openai_protocol import AbortRequest, ModelCard, ModelList
-from radixserve.entrypoints.openai_serving import APIError, RequestGroup, SubRequest, parse_body
+from radixserve.entrypoints.openai_serving import APIError, RequestGroup, parse_body
+from radixserve.managers.io_struct import GenerateReqInput
 from radixserve.metrics import CONTENT_TYPE
-from radixserve.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixserve.entrypoints.http_server import ServerState
@@ -29,8 +29,8 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
     name = args.model_name()
 
     def card() -> ModelCard:
-        return ModelCard(id=name, created=state.created, root=args.resolved_model_path(),
-                         max_model_len=state.handle.info["context_len"])
+        # root is the served name, never a filesystem path (the listing is for any client).
+        return ModelCard(id=name, created=state.created, root=name, max_model_len=state.handle.info["context_len"])
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -50,12 +50,15 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
     async def health_generate(request: Request) -> Response:
         """Healthy only if a one-token generation goes through the whole pipeline."""
         tm = state.tm_or_503()
-        params = SamplingParams(max_new_tokens=1, temperature=0.0)
-        group = RequestGroup(tm, [SubRequest(tm.tokenize("ping", None), params, f"health-{time.time_ns()}")])
+        subs, _ = tm.normalize(GenerateReqInput(text="ping", rid=f"health-{time.time_ns()}",
+                                                sampling_params={"max_new_tokens": 1, "temperature": 0.0}))
+        group = RequestGroup(tm, subs)
         try:
             await asyncio.wait_for(group.results(request), HEALTH_GENERATE_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise APIError(503, "health_generate: no token within the timeout", code="unhealthy") from None
+        except Exception as e:  # noqa: BLE001  # the probe's own generation failed: the model is unwell
+            raise APIError(503, f"health_generate: generation failed: {e}", code="unhealthy") from None
         finally:
             group.cancel()
         return Response(status_code=200)
@@ -93,10 +96,8 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
         req: AbortRequest = await parse_body(request, AbortRequest)
         if not req.rid and not req.abort_all:
             raise APIError(400, "rid: give the request id to abort (or abort_all: true)", "rid")
-        # An n > 1 / batch call runs as rid-0, rid-1, ...: the caller's rid aborts them all.
-        rids = [r for r in list(tm.states) if req.abort_all or r == req.rid or r.startswith(f"{req.rid}-")]
-        for rid in rids:
-            await tm.abort_request(rid)
+        # Exact rids only; an n > 1 / batch call made with rid R runs as R-0, R-1, ...: R aborts them.
+        rids = await (tm.abort_all() if req.abort_all else tm.abort_request(req.rid))
         return JSONResponse({"success": bool(rids), "aborted": rids})
 
     @app.get("/metrics")

@@ -1,7 +1,8 @@
 """OpenAIServingBase: what /v1/completions and /v1/chat/completions share.
 
-Model-name check, OpenAI fields -> SamplingParams, fan-out of prompts x n into sub-requests
-(choice j of a prompt gets seed + j), token strings for logprobs, and usage.
+Model-name check, OpenAI fields -> a GenerateReqInput for the one normalisation path (which fans
+prompts x n out into sub-requests; choice j of a prompt gets seed + j), token strings for
+logprobs, and usage.
 """
 
 from __future__ import annotations
@@ -9,12 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.entrypoints.openai_protocol import PromptTokensDetails, UsageInfo
-from radixserve.entrypoints.openai_serving import OPENAI_RENAMES, APIError, SubRequest
+from radixserve.entrypoints.openai_serving import OPENAI_RENAMES, APIError
+from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager
-from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
-
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit on alternatives per token
 
 # OpenAI request field -> SamplingParams field, copied when the client sent them (None = unset).
 _PARAM_FIELDS = {
@@ -52,47 +51,28 @@ class OpenAIServingBase:
             message = f"The model `{model}` does not exist (this server serves `{self.model_name}`)."
             raise APIError(404, message, "model", "model_not_found")
 
-    def sampling_params(self, req: Any, max_new_tokens: int | None) -> SamplingParams:
-        """OpenAI request -> SamplingParams (values are verified per prompt in fan_out)."""
+    def sampling_dict(self, req: Any, max_new_tokens: int | None) -> dict[str, Any]:
+        """OpenAI request fields -> a sampling-params dict (None = unset; the normalizer checks values)."""
         d: dict[str, Any] = {dst: getattr(req, src) for src, dst in _PARAM_FIELDS.items()}
         # NOTE: temperature 0 must reach the scheduler as greedy, so only None means "unset".
         d["max_new_tokens"] = max_new_tokens
+        return d
+
+    def normalize(self, obj: GenerateReqInput, renames: dict[str, str] | None = OPENAI_RENAMES
+                  ) -> tuple[list[TokenizedGenerateReqInput], bool]:
+        """The one request-normalisation path (RequestNormalizer), with errors as OpenAI 400s that
+        name the field the client sent."""
         try:
-            return SamplingParams.from_dict(d)
+            return self.tm.normalize(obj)
         except ValueError as e:
-            raise APIError.from_value_error(e, OPENAI_RENAMES) from None
+            raise APIError.from_value_error(e, renames) from None
 
-    def fan_out(self, prompts: list[list[int]], params: SamplingParams, rid: str,
-                renames: dict[str, str] | None = OPENAI_RENAMES) -> list[SubRequest]:
-        """prompts x n sub-requests in OpenAI's choice order; every prompt is validated first, so
-        a bad one rejects the whole call before anything is scheduled."""
-        for ids in prompts:
-            try:
-                self.tm.validate(ids, params)
-            except ValueError as e:
-                raise APIError.from_value_error(e, renames) from None
-        subs: list[SubRequest] = []
-        total = len(prompts) * params.n
-        for ids in prompts:
-            for j in range(params.n):
-                p = SamplingParams.from_dict(
-                    {**params.to_dict(), "n": 1, "seed": None if params.seed is None else params.seed + j}
-                )
-                subs.append(SubRequest(ids, p, rid if total == 1 else f"{rid}-{len(subs)}"))
-        return subs
-
-    def tokenize_prompt(self, text: str | None, ids: list[int] | None) -> list[int]:
-        try:
-            return self.tm.tokenize(text, ids)
-        except ValueError as e:
-            raise APIError.from_value_error(e) from None
-
-    @staticmethod
-    def check_top_logprobs(value: int | None, param: str) -> int:
+    def check_top_logprobs(self, value: int | None, param: str) -> int:
         if value is None:
             return 0
-        if not 0 <= value <= MAX_TOP_LOGPROBS:
-            raise APIError(400, f"{param} must be in [0, {MAX_TOP_LOGPROBS}], got {value}", param)
+        limit = self.tm.limits.max_top_logprobs
+        if not 0 <= value <= limit:
+            raise APIError(400, f"{param} must be in [0, {limit}], got {value}", param)
         return value
 
     def token_text(self, token_id: int) -> str:

@@ -27,13 +27,15 @@ from radixserve.entrypoints.openai_serving import (
     APIError,
     RequestGroup,
     SSEResponse,
+    all_logprob_items,
     finish_reason,
+    new_logprob_items,
     parse_body,
     sse,
     sse_error,
-    trim_stop_token,
 )
 from radixserve.entrypoints.serving_base import OpenAIServingBase
+from radixserve.managers.io_struct import GenerateReqInput
 
 
 class OpenAIServingChat(OpenAIServingBase):
@@ -43,18 +45,19 @@ class OpenAIServingChat(OpenAIServingBase):
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
         top_k = self.check_top_logprobs(req.top_logprobs, "top_logprobs")
-        ids = self.tokenize_prompt(self.apply_template(req.messages), None)
-        # Unset: generate until EOS or the context is full (the scheduler stops at context_len).
+        prompt = self.apply_template(req.messages)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_new is None:
-            max_new = max(1, self.tm.context_len - len(ids))
-        params = self.sampling_params(req, max_new)
         rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
-        subs = self.fan_out([ids], params, rid)
-        group = RequestGroup(self.tm, subs, metrics=self.metrics, return_logprob=bool(req.logprobs),
-                             top_logprobs_num=top_k)
+        # max_tokens absent: generate until EOS or the context is full (default_max_new_tokens -1).
+        subs, _ = self.normalize(GenerateReqInput(
+            text=prompt, sampling_params=self.sampling_dict(req, max_new), rid=rid,
+            return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,
+            default_max_new_tokens=-1,
+        ))
+        n = req.n or 1
+        group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
-            return SSEResponse(self._stream(request, req, rid, group, top_k, params.n), group)
+            return SSEResponse(self._stream(request, req, rid, group, top_k, n), group)
         try:
             outs = await group.results(request)
         finally:
@@ -64,12 +67,12 @@ class OpenAIServingChat(OpenAIServingBase):
             reason, matched = finish_reason(out["meta_info"])
             logprobs = None
             if req.logprobs:
-                logprobs = ChatLogprobs(content=self._logprobs(out, top_k, 0, trim_stop_token(out)))
+                logprobs = ChatLogprobs(content=self._logprobs(all_logprob_items(out), top_k))
             message = ChatResponseMessage(content=out["text"])
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason,
                                       matched_stop=matched))
         resp = ChatCompletionResponse(id=rid, model=self.model_name, choices=choices,
-                                      usage=self.usage(outs, params.n))
+                                      usage=self.usage(outs, n))
         return JSONResponse(resp.model_dump())
 
     def apply_template(self, messages: list[ChatMessage]) -> str:
@@ -92,16 +95,12 @@ class OpenAIServingChat(OpenAIServingBase):
         except Exception as e:  # noqa: BLE001  # a template's own raise_exception(...) is a client error
             raise APIError(400, f"messages: the chat template rejected them: {e}", "messages") from None
 
-    def _logprobs(self, out: dict[str, Any], top_k: int, start: int, end: int) -> list[ChatTokenLogprob]:
-        meta = out["meta_info"]
-        pairs = meta.get("output_token_logprobs") or []
-        tops = meta.get("output_top_logprobs") or []
+    def _logprobs(self, items: list[tuple[float, int, list[tuple[int, float]]]], top_k: int) -> list[ChatTokenLogprob]:
         content = []
-        for k in range(start, min(end, len(pairs))):
-            logprob, token_id = pairs[k]
+        for logprob, token_id, top in items:
             text = self.token_text(token_id)
             alts = [TopLogprob(token=self.token_text(t), logprob=v, bytes=list(self.token_text(t).encode()))
-                    for t, v in (tops[k] if k < len(tops) else [])[:top_k]]
+                    for t, v in top[:top_k]]
             content.append(ChatTokenLogprob(token=text, logprob=logprob, bytes=list(text.encode()),
                                             top_logprobs=alts))
         return content
@@ -110,7 +109,6 @@ class OpenAIServingChat(OpenAIServingBase):
                       top_k: int, n: int) -> AsyncIterator[str]:
         created = int(time.time())
         num = len(group.subs)
-        sent_tokens = [0] * num
         finals: list[dict[str, Any]] = [{} for _ in range(num)]
 
         def chunk(i: int, delta: dict[str, Any], logprobs: ChatLogprobs | None = None,
@@ -125,9 +123,7 @@ class OpenAIServingChat(OpenAIServingBase):
             async for i, out in group.events(request):
                 logprobs = None
                 if req.logprobs:
-                    end = trim_stop_token(out) if out["finished"] else len(out["output_ids"])
-                    logprobs = ChatLogprobs(content=self._logprobs(out, top_k, sent_tokens[i], end))
-                    sent_tokens[i] = len(out["output_ids"])
+                    logprobs = ChatLogprobs(content=self._logprobs(new_logprob_items(out), top_k))
                 if out["delta"] or (logprobs and logprobs.content):
                     yield chunk(i, {"content": out["delta"]}, logprobs)
                 if out["finished"]:

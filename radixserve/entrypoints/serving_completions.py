@@ -21,14 +21,15 @@ from radixserve.entrypoints.openai_serving import (
     APIError,
     RequestGroup,
     SSEResponse,
-    SubRequest,
+    all_logprob_items,
     finish_reason,
+    new_logprob_items,
     parse_body,
     sse,
     sse_error,
-    trim_stop_token,
 )
 from radixserve.entrypoints.serving_base import OpenAIServingBase
+from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -42,15 +43,19 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if req.suffix:
             raise APIError(400, "suffix is not supported", "suffix")
         top_k = self.check_top_logprobs(req.logprobs, "logprobs")
-        prompts = self._prompts(req.prompt)
-        params = self.sampling_params(req, DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens)
+        text, ids = self._prompt_fields(req.prompt)
+        params = self.sampling_dict(req, req.max_tokens)
         rid = req.rid or f"cmpl-{uuid.uuid4().hex}"
-        subs = self.fan_out(prompts, params, rid)
         want_logprobs = req.logprobs is not None
-        group = RequestGroup(self.tm, subs, metrics=self.metrics, return_logprob=want_logprobs,
-                             top_logprobs_num=top_k, return_prompt_logprob=want_logprobs and bool(req.echo))
+        subs, _ = self.normalize(GenerateReqInput(
+            text=text, input_ids=ids, sampling_params=params, rid=rid, return_logprob=want_logprobs,
+            top_logprobs_num=top_k, return_prompt_logprob=want_logprobs and bool(req.echo), timeout=req.timeout,
+            default_max_new_tokens=DEFAULT_MAX_TOKENS,  # OpenAI's, when max_tokens is absent
+        ))
+        n = req.n or 1
+        group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
-            return SSEResponse(self._stream(request, req, rid, subs, group, top_k, params.n), group)
+            return SSEResponse(self._stream(request, req, rid, subs, group, top_k, n), group)
         try:
             outs = await group.results(request)
         finally:
@@ -58,68 +63,69 @@ class OpenAIServingCompletion(OpenAIServingBase):
         choices = []
         for i, (sub, out) in enumerate(zip(subs, outs)):
             reason, matched = finish_reason(out["meta_info"])
-            text = (self._prompt_text(sub) if req.echo else "") + out["text"]
-            logprobs = self._logprobs(sub, out, req.echo, top_k) if want_logprobs else None
-            choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=reason,
+            text_out = (self._prompt_text(sub) if req.echo else "") + out["text"]
+            logprobs = None
+            if want_logprobs:
+                logprobs = CompletionLogprobs()
+                if req.echo:
+                    self._add_prompt_logprobs(logprobs, sub, out)
+                self._add_logprobs(logprobs, all_logprob_items(out), top_k, 0)
+            choices.append(CompletionChoice(index=i, text=text_out, logprobs=logprobs, finish_reason=reason,
                                             matched_stop=matched))
-        usage = self.usage(outs, params.n)
+        usage = self.usage(outs, n)
         resp = CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=usage)
         return JSONResponse(resp.model_dump())
 
-    def _prompts(self, prompt: Any) -> list[list[int]]:
-        """str | list[str] | list[int] | list[list[int]] -> token id lists."""
+    @staticmethod
+    def _prompt_fields(prompt: Any) -> tuple[Any, Any]:
+        """OpenAI's prompt (str | list[str] | list[int] | list[list[int]]) -> (text, input_ids)."""
         if isinstance(prompt, str):
-            return [self.tokenize_prompt(prompt, None)]
+            return prompt, None
         if not prompt:
             raise APIError(400, "prompt: must not be empty", "prompt")
         if isinstance(prompt[0], str):
-            return [self.tokenize_prompt(p, None) for p in prompt]
-        if isinstance(prompt[0], int):
-            return [self.tokenize_prompt(None, prompt)]
-        return [self.tokenize_prompt(None, p) for p in prompt]
+            return prompt, None
+        return None, prompt
 
-    def _prompt_text(self, sub: SubRequest) -> str:
-        return self.tokenizer.decode(sub.input_ids, skip_special_tokens=sub.params.skip_special_tokens)
+    def _prompt_text(self, sub: TokenizedGenerateReqInput) -> str:
+        return self.tokenizer.decode(sub.input_ids, skip_special_tokens=sub.sampling_params.skip_special_tokens)
 
-    def _logprobs(self, sub: SubRequest, out: dict[str, Any], echo: bool, top_k: int, start: int = 0,
-                  offset: int = 0, final: bool = True) -> CompletionLogprobs:
-        """OpenAI's legacy shape for output tokens [start:] (plus the prompt's when echo).
+    def _add_prompt_logprobs(self, lp: CompletionLogprobs, sub: TokenizedGenerateReqInput, out: dict[str, Any]) -> int:
+        """Echoed prompt tokens. NOTE: prompt logprobs cover only the prompt tokens the scheduler
+        computed; a prefix it found in the radix cache was not recomputed, so those are null."""
+        values = list(out["meta_info"].get("input_token_logprobs") or [])
+        aligned: list[float | None] = [None] * (len(sub.input_ids) - len(values)) + values
+        offset = 0
+        for token_id, value in zip(sub.input_ids, aligned):
+            offset = self._add_token(lp, token_id, value, None if value is None else {self.token_text(token_id): value},
+                                     offset)
+        return offset
 
-        NOTE: prompt logprobs cover only the prompt tokens the scheduler computed; a prefix it
-        found in the radix cache was not recomputed, so those positions are null.
-        """
-        meta = out["meta_info"]
-        lp = CompletionLogprobs()
+    def _add_token(self, lp: CompletionLogprobs, token_id: int, logprob: float | None,
+                   top: dict[str, float] | None, offset: int) -> int:
+        text = self.token_text(token_id)
+        lp.tokens.append(text)
+        lp.token_logprobs.append(logprob)
+        lp.top_logprobs.append(top)
+        lp.text_offset.append(offset)
+        return offset + len(text)
 
-        def add(token_id: int, logprob: float | None, top: dict[str, float] | None) -> None:
-            nonlocal offset
-            text = self.token_text(token_id)
-            lp.tokens.append(text)
-            lp.token_logprobs.append(logprob)
-            lp.top_logprobs.append(top)
-            lp.text_offset.append(offset)
-            offset += len(text)
-
-        if echo:
-            values = list(meta.get("input_token_logprobs") or [])
-            aligned: list[float | None] = [None] * (len(sub.input_ids) - len(values)) + values
-            for token_id, value in zip(sub.input_ids, aligned):
-                add(token_id, value, None if value is None else {self.token_text(token_id): value})
-        end = trim_stop_token(out) if final else len(out["output_ids"])
-        pairs = meta.get("output_token_logprobs") or []
-        tops = meta.get("output_top_logprobs") or []
-        for k in range(start, min(end, len(pairs))):
-            logprob, token_id = pairs[k]
-            top = {self.token_text(t): v for t, v in (tops[k] if k < len(tops) else [])[:top_k]}
+    def _add_logprobs(self, lp: CompletionLogprobs, items: list[tuple[float, int, list[tuple[int, float]]]],
+                      top_k: int, offset: int) -> int:
+        """OpenAI's legacy logprobs shape for output tokens; returns the next text_offset."""
+        if lp.text_offset:
+            offset = lp.text_offset[-1] + len(lp.tokens[-1])
+        for logprob, token_id, alts in items:
+            top = {self.token_text(t): v for t, v in alts[:top_k]}
             # OpenAI always includes the sampled token, so there may be top_k + 1 entries.
             top.setdefault(self.token_text(token_id), logprob)
-            add(token_id, logprob, top)
-        return lp
+            offset = self._add_token(lp, token_id, logprob, top, offset)
+        return offset
 
-    async def _stream(self, request: Request, req: CompletionRequest, rid: str, subs: list[SubRequest],
-                      group: RequestGroup, top_k: int, n: int) -> AsyncIterator[str]:
+    async def _stream(self, request: Request, req: CompletionRequest, rid: str,
+                      subs: list[TokenizedGenerateReqInput], group: RequestGroup, top_k: int,
+                      n: int) -> AsyncIterator[str]:
         created = int(time.time())
-        sent_tokens = [0] * len(subs)  # output tokens whose logprobs went out, per choice
         offsets = [0] * len(subs)  # text_offset of the next token, per choice
         finals: list[dict[str, Any]] = [{} for _ in subs]
 
@@ -139,10 +145,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 reason, matched = finish_reason(out["meta_info"])
                 logprobs = None
                 if req.logprobs is not None:
-                    logprobs = self._logprobs(subs[i], out, False, top_k, sent_tokens[i], offsets[i],
-                                              out["finished"])
-                    sent_tokens[i] = len(out["output_ids"])
-                    offsets[i] += sum(len(t) for t in logprobs.tokens)
+                    logprobs = CompletionLogprobs()
+                    offsets[i] = self._add_logprobs(logprobs, new_logprob_items(out), top_k, offsets[i])
                 if out["delta"] or reason or (logprobs and logprobs.tokens):
                     yield chunk(i, out["delta"], logprobs, reason, matched)
                 if out["finished"]:

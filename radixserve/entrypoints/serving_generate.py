@@ -10,7 +10,6 @@ event (plus "index" for a batch), then `data: [DONE]`.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,7 +19,6 @@ from starlette.responses import JSONResponse, Response
 from radixserve.entrypoints.openai_protocol import GenerateRequest
 from radixserve.entrypoints.openai_serving import (
     SSE_DONE,
-    APIError,
     RequestGroup,
     SSEResponse,
     parse_body,
@@ -28,36 +26,19 @@ from radixserve.entrypoints.openai_serving import (
     sse_error,
 )
 from radixserve.entrypoints.serving_base import OpenAIServingBase
-from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.managers.io_struct import GenerateReqInput
 
 
 class NativeServing(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: GenerateRequest = await parse_body(request, GenerateRequest)
-        if (req.text is None) == (req.input_ids is None):
-            raise APIError(400, "prompt: give exactly one of text or input_ids", "text")
-        if req.top_logprobs_num < 0:
-            why = f"top_logprobs_num must be >= 0, got {req.top_logprobs_num}"
-            raise APIError(400, why, "top_logprobs_num")
-        if isinstance(req.text, str):
-            prompts, is_batch = [self.tokenize_prompt(req.text, None)], False
-        elif req.text is not None:
-            prompts, is_batch = [self.tokenize_prompt(t, None) for t in req.text], True
-        elif req.input_ids and isinstance(req.input_ids[0], list):
-            prompts, is_batch = [self.tokenize_prompt(None, x) for x in req.input_ids], True
-        else:
-            prompts, is_batch = [self.tokenize_prompt(None, req.input_ids)], False
-        if not prompts:
-            raise APIError(400, "prompt: the batch is empty", "text")
-        try:
-            params = SamplingParams.from_dict(req.sampling_params)
-        except ValueError as e:
-            raise APIError.from_value_error(e) from None
-        subs = self.fan_out(prompts, params, req.rid or uuid.uuid4().hex, renames=None)  # native names
-        is_batch = is_batch or len(subs) > 1
-        group = RequestGroup(self.tm, subs, metrics=self.metrics,
-                             return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num,
-                             return_prompt_logprob=req.return_prompt_logprob)
+        obj = GenerateReqInput(
+            text=req.text, input_ids=req.input_ids, sampling_params=req.sampling_params, rid=req.rid,
+            return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num,
+            return_prompt_logprob=req.return_prompt_logprob, stream=req.stream, timeout=req.timeout,
+        )
+        subs, is_batch = self.normalize(obj, renames=None)  # native names
+        group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
             return SSEResponse(self._stream(request, group, is_batch), group)
         try:
@@ -68,9 +49,16 @@ class NativeServing(OpenAIServingBase):
         return JSONResponse(results if is_batch else results[0])
 
     async def _stream(self, request: Request, group: RequestGroup, is_batch: bool) -> AsyncIterator[str]:
+        # SGLang's native stream resends the text and ids so far in every event (so its size grows
+        # with the output); the OpenAI routes send only what is new.
+        texts = [""] * len(group.subs)
+        ids: list[list[int]] = [[] for _ in group.subs]
         try:
             async for i, out in group.events(request):
-                event = _public(out)
+                texts[i] += out["delta"]
+                ids[i].extend(out["new_token_ids"])
+                event = {"text": out["text"] if out["finished"] else texts[i], "output_ids": ids[i],
+                         "meta_info": out["meta_info"]}
                 if is_batch:
                     event["index"] = i
                 yield sse(event)
@@ -84,4 +72,4 @@ class NativeServing(OpenAIServingBase):
 
 
 def _public(out: dict[str, Any]) -> dict[str, Any]:
-    return {"text": out["text"], "output_ids": out["output_ids"], "meta_info": out["meta_info"]}
+    return {"text": out["text"], "output_ids": list(out["output_ids"]), "meta_info": out["meta_info"]}

@@ -10,6 +10,31 @@ from radixserve.sampling.sampling_params import SamplingParams
 
 
 @dataclass
+class GenerateReqInput:
+    """One generation call as any entry point receives it (Engine, /generate, the OpenAI routes).
+
+    RequestNormalizer.normalize() turns it into validated TokenizedGenerateReqInputs: one per
+    prompt x sample, in that order. Exactly one of text / input_ids; a list of prompts is a batch.
+    `sampling_params` is a dict (one for all prompts) or a list of dicts (one per prompt); a key
+    absent or None means the default.
+    """
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    return_prompt_logprob: bool = False
+    stream: bool = False
+    priority: int = 0
+    timeout: float | None = None  # seconds; None = the server's request_timeout
+    # max_new_tokens when sampling_params has none: None = SamplingParams' default (128), -1 = until
+    # the context is full. Either way clamped to what the context leaves (an explicit value is not).
+    default_max_new_tokens: int | None = None
+
+
+@dataclass
 class TokenizedGenerateReqInput:
     rid: str
     input_ids: list[int]
@@ -19,6 +44,8 @@ class TokenizedGenerateReqInput:
     return_prompt_logprob: bool = False
     stream: bool = False
     priority: int = 0
+    timeout: float | None = None  # seconds from arrival at the scheduler; then aborted (HTTP 408)
+    parent_rid: str | None = None  # the caller's rid when this is one of prompts x n sub-requests
 
 
 @dataclass
@@ -28,21 +55,23 @@ class AbortReq:
 
 @dataclass
 class FlushCacheReq:
-    pass
+    rpc_id: int = 0
 
 
 @dataclass
 class GetServerInfoReq:
-    pass
+    rpc_id: int = 0
 
 
 @dataclass
 class RpcOutput:
-    """Answer to a control request (flush, server info)."""
+    """Answer to a control request (flush, server info); rpc_id pairs it with its question, so a
+    late answer to a call that timed out is never taken for the answer to the next one."""
 
     kind: str
     ok: bool = True
     data: dict[str, Any] = field(default_factory=dict)
+    rpc_id: int = 0
 
 
 @dataclass
@@ -56,7 +85,8 @@ class ReqOutput:
     output_token_logprobs: list[float] = field(default_factory=list)  # aligned with new_token_ids
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_token_logprobs: list[float] | None = None  # sent once, with the first output
-    error: str | None = None  # a rejected request: the message for a 400
+    error: str | None = None  # a rejected or failed request: the message
+    error_status: int = 400  # its HTTP status: 400 bad input, 408 timed out, 500 failed while running
 
 
 @dataclass

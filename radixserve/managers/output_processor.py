@@ -78,7 +78,10 @@ class OutputProcessor:
         if req.finished_reason is not None:
             meta["finish_reason"] = req.finished_reason.to_json()
             meta["e2e_latency"] = now - req.created_time
+        status, message = req.error if req.error is not None else (400, None)
         return ReqOutput(
+            error=message,
+            error_status=status,
             rid=req.rid,
             new_token_ids=list(new_ids),
             finished_reason=req.finished_reason.to_json() if req.finished_reason else None,

@@ -60,6 +60,10 @@ class Req:
     finished_reason: FinishReason | None = None
     to_abort: FinishReason | None = None
     num_retractions: int = 0
+    # perf_counter() time after which the request is aborted (HTTP 408); None = no limit
+    deadline: float | None = None
+    # set when the request failed or timed out: (HTTP status, message) for the client
+    error: tuple[int, str] | None = None
 
     # logprobs (filled as tokens are produced)
     output_token_logprobs: list[float] = field(default_factory=list)

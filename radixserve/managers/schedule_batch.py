@@ -161,6 +161,32 @@ class ScheduleBatch:
         self.reqs = [r for r in self.reqs if r not in retracted]
         return retracted
 
+    def split(self) -> tuple[ScheduleBatch, ScheduleBatch]:
+        """Two halves of a prepared batch, each runnable on its own (the same slots, rows and
+        inputs, sliced): the scheduler bisects a failing step with them to find the request a
+        failure belongs to. Re-running a slice rewrites the same KV slots with the same values."""
+        mid = len(self.reqs) // 2
+        return self._slice(0, mid), self._slice(mid, len(self.reqs))
+
+    def _slice(self, lo: int, hi: int) -> ScheduleBatch:
+        assert self.out_cache_loc is not None
+        ext = [s - p for p, s in zip(self.prefix_lens, self.seq_lens)]
+        t_lo, t_hi = sum(ext[:lo]), sum(ext[:hi])
+        n_ext = max(0, min(hi, self.num_extend_reqs) - lo)
+        prefix_lens = self.prefix_lens[lo:hi]
+        if self.forward_mode.is_decode() or n_ext == 0:
+            mode = ForwardMode.DECODE if self.forward_mode in (ForwardMode.DECODE, ForwardMode.MIXED) \
+                else self.forward_mode
+        elif n_ext < hi - lo:
+            mode = ForwardMode.MIXED
+        else:
+            mode = ForwardMode.PREFILL if all(p == 0 for p in prefix_lens) else ForwardMode.EXTEND
+        return ScheduleBatch(
+            self.reqs[lo:hi], self.req_to_token_pool, self.allocator, self.tree_cache, forward_mode=mode,
+            input_ids=self.input_ids[t_lo:t_hi], seq_lens=self.seq_lens[lo:hi], prefix_lens=prefix_lens,
+            out_cache_loc=self.out_cache_loc[t_lo:t_hi], num_extend_reqs=n_ext,
+        )
+
     # ------------------------------------------------------------------ hand-over
     def get_model_worker_batch(self) -> ModelWorkerBatch:
         assert self.out_cache_loc is not None

@@ -12,6 +12,10 @@ Budgets checked for every admitted request (DESIGN section 5):
 from __future__ import annotations
 
 from radixserve.managers.req import Req
+
+# The reservation for a running request's future tokens counts at most this many of them (SGLang
+# clips the same estimate): a max_new_tokens in the millions must not block admission forever.
+CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 
 
@@ -58,7 +62,7 @@ class PrefillAdder:
 
     @staticmethod
     def _future_tokens(req: Req, ratio: float) -> int:
-        left = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
+        left = max(0, min(req.sampling_params.max_new_tokens, CLIP_MAX_NEW_TOKENS_ESTIMATION) - len(req.output_ids))
         return int(left * ratio)
 
     def _ceil_page(self, n: int) -> int:

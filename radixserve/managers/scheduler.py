@@ -12,13 +12,15 @@ One step (`step()`), the same whether driven by the ZMQ loop (scheduler_process.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
-from radixserve.debug.invariants import InvariantChecker
+from radixserve.debug.invariants import InvariantChecker, InvariantError
 from radixserve.debug.trace import BatchTracer
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.req import FinishReason, Req
+from radixserve.managers.request_normalizer import RequestLimits, check_tokenized
 from radixserve.managers.schedule_batch import OutOfKVSlots, ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
 from radixserve.mem_cache.chunk_cache import ChunkCache
@@ -32,6 +34,23 @@ logger = logging.getLogger(__name__)
 # A waiting request is held back one step when a request admitted in the same step computes the
 # next this-many tokens it lacks (SGLang uses 32 as well).
 IN_BATCH_PREFIX_TOKENS = 32
+
+# Test hook: a batch holding a request whose rid contains this string raises inside run_batch, as
+# a model bug triggered by one request would (tests/entrypoints/test_http_faults.py uses it).
+FAULT_INJECT_ENV = "RADIXSERVE_FAULT_INJECT"
+# After this many forwards in a row that all failed, /health reports the server unhealthy.
+UNHEALTHY_AFTER_FAILED_FORWARDS = 8
+
+
+class FatalSchedulerError(RuntimeError):
+    """A fault no request can be blamed for (the device or the process itself): stop the server."""
+
+
+def _is_fatal(e: BaseException) -> bool:
+    if isinstance(e, (MemoryError, FatalSchedulerError, InvariantError)):  # a broken invariant is our bug
+        return True
+    text = str(e)
+    return "CUDA error" in text or "device-side assert" in text or "NCCL" in text
 
 
 class Scheduler:
@@ -57,28 +76,21 @@ class Scheduler:
         self.checker = InvariantChecker(self) if server_args.check_invariants else None
         self.forward_ct = 0
         self.step_time_s = 0.0  # wall time inside step(), cumulative (see get_server_info's time_split)
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "num_retractions": 0}
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "num_retractions": 0,
+                      "num_failed_reqs": 0, "num_timed_out_reqs": 0}
+        self.limits = RequestLimits.build(server_args, self.model_config.context_len, self.model_config.vocab_size,
+                                          self.allocator.total_size)
+        self.fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
+        self.failed_forward_streak = 0  # forwards in a row that raised (reset by any success)
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
         return ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache)
 
     # ------------------------------------------------------------------ input
     def validate(self, recv: TokenizedGenerateReqInput) -> None:
-        """Raise ValueError naming the field; nothing is allocated for a rejected request."""
-        cfg = self.model_config
-        recv.sampling_params.verify(cfg.vocab_size)
-        if not recv.input_ids:
-            raise ValueError("prompt: the prompt is empty")
-        bad = [t for t in recv.input_ids if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise ValueError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {cfg.vocab_size})")
-        if len(recv.input_ids) >= cfg.context_len:
-            raise ValueError(
-                f"prompt: {len(recv.input_ids)} tokens do not fit the context length {cfg.context_len} "
-                "(at least one token must be generated)"
-            )
-        if len(recv.input_ids) + self.allocator.page_size * 2 > self.allocator.total_size:
-            raise ValueError(f"prompt: {len(recv.input_ids)} tokens exceed the KV pool ({self.allocator.total_size})")
+        """Raise ValueError naming the field; nothing is allocated for a rejected request. The rules
+        are the TokenizerManager's (check_tokenized), checked again for callers that bypass it."""
+        check_tokenized(recv, self.limits)
 
     def add_request(self, recv: TokenizedGenerateReqInput) -> ReqOutput | None:
         """Queue a request; a rejected one returns its error output right away."""
@@ -96,6 +108,7 @@ class Scheduler:
             stream=recv.stream,
             priority=recv.priority,
             eos_token_ids=tuple(self.model_config.eos_token_ids),
+            deadline=None if recv.timeout is None else time.perf_counter() + recv.timeout,
         )
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         self.waiting_queue.append(req)
@@ -113,7 +126,30 @@ class Scheduler:
             if req.rid == rid:
                 req.to_abort = FinishReason("abort", message="aborted")
 
+    def _expire(self) -> None:
+        """Requests past their deadline: aborted with a 408, their KV returned like any abort."""
+        now = time.perf_counter()
+
+        def late(r: Req) -> bool:
+            return r.deadline is not None and now > r.deadline and not r.finished() and not r.to_abort
+
+        for req in [r for r in self.waiting_queue if late(r)]:
+            self.waiting_queue.remove(req)
+            self._timed_out(req)
+            req.finished_reason = req.to_abort
+            self.output_processor.pending.append(req)
+        for req in self.running_batch.reqs + ([self.chunked_req] if self.chunked_req else []):
+            if late(req):
+                self._timed_out(req)
+
+    def _timed_out(self, req: Req) -> None:
+        self.stats["num_timed_out_reqs"] += 1
+        timeout = req.deadline - req.created_time if req.deadline is not None else 0.0
+        req.error = (408, f"timeout: the request did not finish within {timeout:.4g} s and was aborted")
+        req.to_abort = FinishReason("abort", message="timeout")
+
     def _reap_aborted(self) -> None:
+        self._expire()
         if self.chunked_req is not None and self.chunked_req.to_abort:
             self._finish(self.chunked_req, self.chunked_req.to_abort)
             self.chunked_req = None
@@ -127,6 +163,20 @@ class Scheduler:
         self.tree_cache.cache_finished_req(req, kv_len=req.kv_len)
         self.output_processor.pending.append(req)
 
+    def _fail(self, req: Req, alloc_len: int, e: BaseException, where: str) -> None:
+        """A request a failure was pinned on: it gets a 500 and its KV is dropped (not cached);
+        everything else goes on."""
+        logger.error("request %s failed %s: %s: %s", req.rid, where, type(e).__name__, e, exc_info=e)
+        self.stats["num_failed_reqs"] += 1
+        if req.req_pool_idx is not None:
+            self.tree_cache.release_req(req, alloc_len)
+            req.req_pool_idx = None
+        req.error = (500, f"internal error {where}: {type(e).__name__}: {e}")
+        req.finished_reason = FinishReason("abort", message="internal error")
+        if self.chunked_req is req:
+            self.chunked_req = None
+        self.output_processor.pending.append(req)
+
     # ------------------------------------------------------------------ step
     def has_work(self) -> bool:
         return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req)
@@ -137,8 +187,8 @@ class Scheduler:
         self._reap_aborted()
         batch = self.get_next_batch_to_run()
         if batch is not None:
-            result = self.run_batch(batch)
-            self.process_batch_result(batch, result)
+            self._run_isolated(batch)
+            self.running_batch.filter_batch()
         if self.checker is not None:
             self.checker.check_memory()
         outputs = self.output_processor.flush()
@@ -244,7 +294,37 @@ class Scheduler:
         return any(a.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS] == window for a in admitted)
 
     # ------------------------------------------------------------------ run
+    def _run_isolated(self, batch: ScheduleBatch) -> None:
+        """Run a step so that one request's failure fails that request alone.
+
+        A forward that raises is bisected: each half of the batch (same slots, same inputs) runs
+        on its own, recursively, until the failure is pinned on single requests; the halves that
+        succeed are processed as usual. Nothing is retried on success, so the cost is paid only
+        when something fails. Faults of the device or process itself (_is_fatal) stop the server."""
+        try:
+            result = self.run_batch(batch)
+        except Exception as e:
+            if _is_fatal(e):
+                raise FatalSchedulerError(f"the model failed: {type(e).__name__}: {e}") from e
+            self.failed_forward_streak += 1
+            if batch.batch_size() == 1:
+                req = batch.reqs[0]
+                if not req.finished():
+                    self._fail(req, batch.seq_lens[0], e, "while running this request")
+                return
+            logger.warning("a batch of %d failed (%s: %s); bisecting to find the request",
+                           batch.batch_size(), type(e).__name__, e)
+            for half in batch.split():
+                self._run_isolated(half)
+            return
+        self.failed_forward_streak = 0
+        self.process_batch_result(batch, result)
+
     def run_batch(self, batch: ScheduleBatch):
+        if self.fault_marker is not None:
+            hit = next((r.rid for r in batch.reqs if self.fault_marker in r.rid), None)
+            if hit is not None:
+                raise RuntimeError(f"injected fault ({FAULT_INJECT_ENV}) in a batch holding {hit}")
         mwb = batch.get_model_worker_batch()
         result = self.model_runner.forward_batch_generation(mwb)
         if self.checker is not None:
@@ -264,43 +344,55 @@ class Scheduler:
         next_ids = sample.next_token_ids.tolist()
         in_logprobs = result.logits_output.input_token_logprobs
         for i, req in enumerate(batch.reqs):
-            req.kv_len = batch.seq_lens[i]
-            if in_logprobs is not None and in_logprobs[i] is not None:
-                req.input_token_logprobs.extend(in_logprobs[i])
-            if req.finished():
-                continue  # aborted while this step ran
-            if req.is_chunked:
-                self.tree_cache.cache_unfinished_req(req)
-                continue
-            if req.sampling_params.max_new_tokens == 0:
-                self._finish(req, FinishReason("length", matched=None))
-                continue
-            if prefilled is not None and req in prefilled and not self.server_args.disable_radix_cache:
-                # Its prompt enters the tree now, not when it finishes: requests sharing the prefix
-                # that arrive (or were held back by _wait_for_in_batch_prefix) meanwhile reuse it.
-                self.tree_cache.cache_unfinished_req(req)
-            req.output_ids.append(next_ids[i])
-            if req.first_token_time is None:
-                req.first_token_time = time.perf_counter()
-            self.stats["generation_tokens"] += 1
-            if sample.next_token_logprobs is not None and req.return_logprob:
-                req.output_token_logprobs.append(sample.next_token_logprobs[i])
-                if req.top_logprobs_num and sample.top_logprobs is not None:
-                    req.output_top_logprobs.append(sample.top_logprobs[i])
-            reason = self.output_processor.check_finished(req, self.model_config.context_len)
-            if reason is not None:
-                self._finish(req, reason)
-            else:
-                self.output_processor.maybe_stream(req)
+            try:
+                self._process_one(batch, i, req, next_ids[i], sample, in_logprobs, prefilled)
+            except Exception as e:  # one request's bad output must not stop the others
+                if _is_fatal(e):
+                    raise
+                if not req.finished():
+                    self._fail(req, batch.seq_lens[i], e, "while processing its output")
         if batch.forward_mode.is_decode():
             self.new_token_ratio = max(
                 self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
             )
-            self.running_batch.filter_batch()
-        else:
-            keep = [r for r in batch.reqs if not r.finished() and not r.is_chunked and r not in self.running_batch.reqs]
-            self.running_batch.filter_batch()
+        # New members of the running batch: a prefill's requests, or (a bisected MIXED step) decodes
+        # whose batch was emptied into the step.
+        running = set(map(id, self.running_batch.reqs))
+        keep = [r for r in batch.reqs if not r.finished() and not r.is_chunked and id(r) not in running]
+        self.running_batch.filter_batch()
+        if keep:
             self.running_batch.merge_batch(self._new_batch(keep))
+
+    def _process_one(self, batch: ScheduleBatch, i: int, req: Req, next_id: int, sample, in_logprobs,
+                     prefilled) -> None:
+        req.kv_len = batch.seq_lens[i]
+        if in_logprobs is not None and in_logprobs[i] is not None:
+            req.input_token_logprobs.extend(in_logprobs[i])
+        if req.finished():
+            return  # aborted while this step ran
+        if req.is_chunked:
+            self.tree_cache.cache_unfinished_req(req)
+            return
+        if req.sampling_params.max_new_tokens == 0:
+            self._finish(req, FinishReason("length", matched=None))
+            return
+        if prefilled is not None and req in prefilled and not self.server_args.disable_radix_cache:
+            # Its prompt enters the tree now, not when it finishes: requests sharing the prefix
+            # that arrive (or were held back by _wait_for_in_batch_prefix) meanwhile reuse it.
+            self.tree_cache.cache_unfinished_req(req)
+        req.output_ids.append(next_id)
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        self.stats["generation_tokens"] += 1
+        if sample.next_token_logprobs is not None and req.return_logprob:
+            req.output_token_logprobs.append(sample.next_token_logprobs[i])
+            if req.top_logprobs_num and sample.top_logprobs is not None:
+                req.output_top_logprobs.append(sample.top_logprobs[i])
+        reason = self.output_processor.check_finished(req, self.model_config.context_len)
+        if reason is not None:
+            self._finish(req, reason)
+        else:
+            self.output_processor.maybe_stream(req)
 
     # ------------------------------------------------------------------ control
     def flush_cache(self) -> bool:
@@ -323,6 +415,10 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting_queue),
             "cache_hit_rate": self.stats["cached_tokens"] / max(1, self.stats["prompt_tokens"]),
             "num_retractions": self.stats["num_retractions"],
+            "num_failed_reqs": self.stats["num_failed_reqs"],
+            "num_timed_out_reqs": self.stats["num_timed_out_reqs"],
+            "failed_forward_streak": self.failed_forward_streak,
+            "healthy": self.failed_forward_streak < UNHEALTHY_AFTER_FAILED_FORWARDS,
             "generation_tokens": self.stats["generation_tokens"],
             "prompt_tokens": self.stats["prompt_tokens"],
             "context_len": self.model_config.context_len,

@@ -86,9 +86,9 @@ class SchedulerProcess:
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid)
         elif isinstance(msg, FlushCacheReq):
-            self.send_sock.send_pyobj(RpcOutput("flush_cache", ok=s.flush_cache()))
+            self.send_sock.send_pyobj(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id))
         elif isinstance(msg, GetServerInfoReq):
-            self.send_sock.send_pyobj(RpcOutput("server_info", data=s.get_server_info()))
+            self.send_sock.send_pyobj(RpcOutput("server_info", data=s.get_server_info(), rpc_id=msg.rpc_id))
         elif isinstance(msg, ShutdownReq):
             self.running = False
 
@@ -131,7 +131,13 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_ran
         return
     ready.send_pyobj({"status": "ready", **proc.ready_info()})
     ready.close(linger=2000)
-    proc.event_loop()
+    try:
+        proc.event_loop()
+    except Exception as e:
+        # Only faults no request could be blamed for get here (Scheduler._run_isolated pins the rest).
+        print(f"radixserve: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,17 +22,20 @@ from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
     FlushCacheReq,
+    GenerateReqInput,
     GetServerInfoReq,
     ReqOutput,
     RpcOutput,
     TokenizedGenerateReqInput,
 )
-from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.managers.request_normalizer import RequestLimits, RequestNormalizer
+from radixserve.server_args import ServerArgs
 
 
 @dataclass
 class ReqState:
     rid: str
+    parent_rid: str | None
     prompt_tokens: int
     detok: IncrementalDetokenizer
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -44,109 +46,135 @@ class ReqState:
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finished: bool = False
+    # The caller went away before the end: the state stays (a tombstone, its outputs dropped)
+    # until the scheduler's final output for the rid arrives, so a new request reusing the rid
+    # right away is refused instead of receiving the old request's tokens.
+    abandoned: bool = False
 
 
 class SchedulerDied(RuntimeError):
-    pass
+    """The scheduler process is gone (HTTP 503)."""
+
+
+class ServerUnavailable(RuntimeError):
+    """Not accepting new requests (shutting down) or a control call timed out (HTTP 503)."""
+
+
+class QueueFull(RuntimeError):
+    """Too many requests in flight (HTTP 429 with Retry-After)."""
+
+    retry_after_s = 1
+
+
+class RequestError(RuntimeError):
+    """The scheduler rejected or failed one request: `status` is its HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer: Any, to_scheduler: str, from_scheduler: str, info: dict[str, Any]) -> None:
+    def __init__(self, tokenizer: Any, to_scheduler: str, from_scheduler: str, info: dict[str, Any],
+                 server_args: ServerArgs) -> None:
         self.tokenizer = tokenizer
+        self.server_args = server_args
         self.context_len: int = info["context_len"]
         self.vocab_size: int = info["vocab_size"]
         self.max_total_num_tokens: int = info["max_total_num_tokens"]
-        self.ctx = zmq.asyncio.Context(1)
-        self.send_sock = self.ctx.socket(zmq.PUSH)
+        self.limits = RequestLimits.build(server_args, self.context_len, self.vocab_size, self.max_total_num_tokens)
+        self.normalizer = RequestNormalizer(tokenizer, self.limits)
+        # In flight = running + queued; beyond this a new request is a 429.
+        self.max_in_flight = server_args.max_running_requests + server_args.max_queued_requests
+        # NOTE: a plain (blocking-API) socket with no high-water mark for sending: a send queues
+        # at once and never awaits, so a request cannot be cancelled half-way between being
+        # registered here and reaching the scheduler (its tombstone would never be retired).
+        self.send_ctx = zmq.Context(1)
+        self.send_sock = self.send_ctx.socket(zmq.PUSH)
+        self.send_sock.setsockopt(zmq.SNDHWM, 0)
         self.send_sock.connect(to_scheduler)
+        self.ctx = zmq.asyncio.Context(1)
         self.recv_sock = self.ctx.socket(zmq.PULL)
         self.recv_sock.bind(from_scheduler)
         self.states: dict[str, ReqState] = {}
-        self.rpc_waiters: dict[str, asyncio.Future] = {}
-        self.rpc_lock: asyncio.Lock | None = None
+        self.rpc_waiters: dict[int, asyncio.Future] = {}
+        self.rpc_seq = 0
         self.loop_task: asyncio.Task | None = None
         self.dead_reason: str | None = None
+        self.draining = False  # SIGTERM: running requests finish, new ones get 503
         self.metrics: Any = None  # set by the HTTP server (Prometheus collectors)
 
     # ------------------------------------------------------------------ input
-    def tokenize(self, text: str | None, input_ids: list[int] | None) -> list[int]:
-        if input_ids is not None:
-            if text is not None:
-                raise ValueError("prompt: give either text or input_ids, not both")
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
-                raise ValueError("input_ids: must be a list of integers")
-            return list(input_ids)
-        if text is None:
-            raise ValueError("prompt: either text or input_ids is required")
-        if not isinstance(text, str):
-            raise ValueError("prompt: must be a string")
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def normalize(self, obj: GenerateReqInput) -> tuple[list[TokenizedGenerateReqInput], bool]:
+        """Validated sub-requests of one call (see RequestNormalizer); also refuses a call that
+        would overfill the queue, before any of it is sent."""
+        self.check_accepting()
+        subs, is_batch = self.normalizer.normalize(obj)
+        self._check_room(len(subs))
+        return subs, is_batch
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
-        params.verify(self.vocab_size)
-        if not ids:
-            raise ValueError("prompt: the prompt is empty")
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"input_ids: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        if len(ids) >= self.context_len:
-            raise ValueError(
-                f"prompt: {len(ids)} tokens is longer than the context allows ({self.context_len} tokens "
-                "including at least one generated token)"
+    def check_accepting(self) -> None:
+        if self.dead_reason:
+            raise SchedulerDied(self.dead_reason)
+        if self.draining:
+            raise ServerUnavailable("the server is shutting down and accepts no new requests")
+
+    def _check_room(self, n: int) -> None:
+        if len(self.states) + n > self.max_in_flight:
+            raise QueueFull(
+                f"too many requests in flight ({len(self.states)} of {self.max_in_flight}); retry later"
             )
+
+    def send(self, msg: Any) -> None:
+        self.send_sock.send_pyobj(msg)
 
     def _ensure_loop(self) -> None:
         if self.loop_task is None:
-            self.rpc_lock = asyncio.Lock()
             self.loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
 
-    async def generate_request(
-        self,
-        input_ids: list[int],
-        params: SamplingParams,
-        *,
-        rid: str | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        return_prompt_logprob: bool = False,
-        stream: bool = False,
-        priority: int = 0,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Yield output dicts ({text, output_ids, meta_info}); one at the end unless stream."""
+    async def generate_request(self, req: TokenizedGenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """Yield output dicts for one validated sub-request; one at the end unless req.stream.
+
+        Every dict has delta (new visible text), new_token_ids, new_logprobs [(logprob, id)],
+        new_top_logprobs, finished and meta_info; the final one also has text and output_ids
+        (and meta_info carries the full logprob lists). Nothing per step copies the whole output."""
         self._ensure_loop()
-        if self.dead_reason:
-            raise SchedulerDied(self.dead_reason)
-        self.validate(input_ids, params)
-        rid = rid or uuid.uuid4().hex
+        self.check_accepting()
+        rid = req.rid
         if rid in self.states:
             raise ValueError(f"rid: request id {rid!r} is already in use")
-        state = ReqState(rid, len(input_ids), IncrementalDetokenizer(self.tokenizer, params))
+        self._check_room(1)
+        state = ReqState(rid, req.parent_rid, len(req.input_ids), IncrementalDetokenizer(self.tokenizer,
+                                                                                          req.sampling_params))
         self.states[rid] = state
-        msg = TokenizedGenerateReqInput(
-            rid, input_ids, params, return_logprob, top_logprobs_num, return_prompt_logprob, stream, priority
-        )
-        await self.send_sock.send_pyobj(msg)
         try:
+            self.send(req)
             while True:
                 out: ReqOutput | str = await state.queue.get()
                 if isinstance(out, str):  # the scheduler died
                     raise SchedulerDied(out)
                 if out.error is not None:
-                    raise ValueError(out.error)
+                    state.finished = True
+                    if out.error_status == 400:
+                        raise ValueError(out.error)
+                    raise RequestError(out.error_status, out.error)
                 result = self._apply(state, out)
-                if out.finished_reason is not None:
+                if result["finished"]:
                     yield result
                     return
-                if stream:
+                if req.stream:
                     yield result
         finally:
-            if not state.finished:
-                await self.abort_request(rid)  # the caller went away (disconnect, cancel)
-            self.states.pop(rid, None)
+            if not state.finished and not self.dead_reason:
+                state.abandoned = True  # the caller went away (disconnect, cancel): see ReqState
+                self.send(AbortReq(rid))
+            else:
+                self.states.pop(rid, None)
 
     def _apply(self, state: ReqState, out: ReqOutput) -> dict[str, Any]:
         if out.new_token_ids and state.first_token_time is None:
             state.first_token_time = time.perf_counter()
+        start = len(state.output_ids)
         state.output_ids.extend(out.new_token_ids)
         state.output_token_logprobs.extend(out.output_token_logprobs)
         state.output_top_logprobs.extend(out.output_top_logprobs)
@@ -154,47 +182,83 @@ class TokenizerManager:
             state.input_token_logprobs = out.input_token_logprobs
         finished = out.finished_reason is not None
         state.finished = finished
-        text, delta = state.detok.update(state.output_ids, out.finished_reason)
+        delta = state.detok.update(state.output_ids, out.finished_reason)
         meta = dict(out.meta_info)
         now = time.perf_counter()
         meta["id"] = state.rid
         if state.first_token_time is not None and "ttft" not in meta:
             meta["ttft"] = state.first_token_time - state.created
+        result: dict[str, Any] = {
+            "delta": delta,
+            "new_token_ids": list(out.new_token_ids),
+            "new_logprobs": list(zip(out.output_token_logprobs, out.new_token_ids)),
+            "new_top_logprobs": list(out.output_top_logprobs),
+            "finished": finished,
+            "meta_info": meta,
+            "start": start,  # index of new_token_ids[0] in the whole output
+        }
+        if out.input_token_logprobs is not None:
+            meta["input_token_logprobs"] = list(out.input_token_logprobs)
         if finished:
             meta["e2e_latency"] = now - state.created
-        if state.output_token_logprobs or state.input_token_logprobs is not None:
-            meta["output_token_logprobs"] = list(zip(state.output_token_logprobs, state.output_ids))
-            meta["output_top_logprobs"] = list(state.output_top_logprobs)
-            if state.input_token_logprobs is not None:
-                meta["input_token_logprobs"] = list(state.input_token_logprobs)
-        if finished and self.metrics is not None:
-            self.metrics.observe_finished(meta, now - state.created, state.first_token_time, state.created)
-        return {"text": text, "delta": delta, "output_ids": list(state.output_ids), "meta_info": meta,
-                "new_token_ids": list(out.new_token_ids), "finished": finished}
+            if state.output_token_logprobs or state.input_token_logprobs is not None:
+                meta["output_token_logprobs"] = list(zip(state.output_token_logprobs, state.output_ids))
+                meta["output_top_logprobs"] = state.output_top_logprobs
+                if state.input_token_logprobs is not None:
+                    meta["input_token_logprobs"] = list(state.input_token_logprobs)
+            result["text"] = state.detok.final_text()
+            result["output_ids"] = state.output_ids
+            if self.metrics is not None:
+                self.metrics.observe_finished(meta, now - state.created, state.first_token_time, state.created)
+        return result
 
-    async def abort_request(self, rid: str) -> None:
-        if not self.dead_reason:
-            await self.send_sock.send_pyobj(AbortReq(rid))
+    async def abort_request(self, rid: str) -> list[str]:
+        """Abort `rid` and the sub-requests of a call made with that rid (rid-0, rid-1, ...);
+        exact matches only. Returns the rids aborted."""
+        if self.dead_reason:
+            return []
+        rids = [r for r, st in self.states.items()
+                if not st.finished and not st.abandoned and (r == rid or st.parent_rid == rid)]
+        for r in rids:
+            self.send(AbortReq(r))
+        return rids
+
+    async def abort_all(self) -> list[str]:
+        rids = [r for r, st in self.states.items() if not st.finished and not st.abandoned]
+        for r in rids:
+            self.send(AbortReq(r))
+        return rids
 
     # ------------------------------------------------------------------ control
-    async def _rpc(self, msg: Any, kind: str) -> RpcOutput:
+    async def _rpc(self, make: Any, what: str) -> RpcOutput:
+        """A control call with a deadline: a scheduler busy in a long step (or wedged) yields a 503
+        after rpc_timeout instead of a hung HTTP handler."""
         self._ensure_loop()
         if self.dead_reason:
             raise SchedulerDied(self.dead_reason)
-        assert self.rpc_lock is not None
-        async with self.rpc_lock:
-            fut = asyncio.get_running_loop().create_future()
-            self.rpc_waiters[kind] = fut
-            await self.send_sock.send_pyobj(msg)
-            return await fut
+        self.rpc_seq += 1
+        rpc_id = self.rpc_seq
+        fut = asyncio.get_running_loop().create_future()
+        self.rpc_waiters[rpc_id] = fut
+        try:
+            self.send(make(rpc_id))
+            return await asyncio.wait_for(fut, self.server_args.rpc_timeout)
+        except asyncio.TimeoutError:
+            raise ServerUnavailable(
+                f"{what}: the scheduler did not answer within {self.server_args.rpc_timeout:g} s"
+            ) from None
+        finally:
+            self.rpc_waiters.pop(rpc_id, None)
 
     async def flush_cache(self) -> bool:
-        return (await self._rpc(FlushCacheReq(), "flush_cache")).ok
+        return (await self._rpc(lambda i: FlushCacheReq(rpc_id=i), "flush_cache")).ok
 
     async def get_server_info(self) -> dict[str, Any]:
-        info = (await self._rpc(GetServerInfoReq(), "server_info")).data
+        info = (await self._rpc(lambda i: GetServerInfoReq(rpc_id=i), "get_server_info")).data
         # CPU seconds of this process (HTTP, tokenisation, detokenisation), next to the scheduler's split.
         info.setdefault("time_split", {})["tokenizer_process_cpu_s"] = time.process_time()
+        info["num_in_flight_reqs"] = len(self.states)
+        info["num_abandoned_reqs"] = sum(st.abandoned for st in self.states.values())
         return info
 
     # ------------------------------------------------------------------ output
@@ -202,21 +266,29 @@ class TokenizerManager:
         while True:
             msg = await self.recv_sock.recv_pyobj()
             if isinstance(msg, RpcOutput):
-                fut = self.rpc_waiters.pop(msg.kind, None)
+                fut = self.rpc_waiters.pop(msg.rpc_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
                 continue
             assert isinstance(msg, BatchReqOutput)
             for out in msg.outputs:
                 state = self.states.get(out.rid)
-                if state is not None:
-                    state.queue.put_nowait(out)
+                if state is None:
+                    continue
+                if state.abandoned:  # nobody reads it; the final output retires the tombstone
+                    if out.finished_reason is not None or out.error is not None:
+                        del self.states[out.rid]
+                    continue
+                state.queue.put_nowait(out)
 
     def fail_all(self, reason: str) -> None:
         """The scheduler process is gone: every waiting caller gets an error, not a hang."""
         self.dead_reason = reason
-        for state in self.states.values():
-            state.queue.put_nowait(reason)
+        for rid, state in list(self.states.items()):
+            if state.abandoned:
+                del self.states[rid]
+            else:
+                state.queue.put_nowait(reason)
         for fut in self.rpc_waiters.values():
             if not fut.done():
                 fut.set_exception(SchedulerDied(reason))
@@ -230,4 +302,5 @@ class TokenizerManager:
                 pass
         self.send_sock.close(linger=0)
         self.recv_sock.close(linger=0)
+        self.send_ctx.term()
         self.ctx.term()

@@ -102,6 +102,21 @@ class BasePrefixCache(ABC):
         kv_len, and kv_len >= len(req.prefix_indices). After the call every slot of the row is
         either in the tree or free, the row is free, and req.last_node is unlocked."""
 
+    def release_req(self, req: CacheReq, alloc_len: int) -> None:
+        """Drop a request whose KV cannot be trusted (its step failed): free every slot its row
+        owns up to alloc_len (what the scheduler allocated for it), unlock its prefix and free the
+        row, inserting nothing into the cache. The tree keeps the prefix it already owned."""
+        owned_by_tree = self.tree_owned_len(req)
+        if alloc_len > owned_by_tree:
+            slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, owned_by_tree:alloc_len]
+            self.token_to_kv_pool_allocator.free(slots.clone())
+        self.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+
+    def tree_owned_len(self, req: CacheReq) -> int:
+        """How many leading slots of the request's row the cache owns (whole pages of its prefix)."""
+        return len(req.prefix_indices) - len(req.prefix_indices) % self.page_size
+
     @abstractmethod
     def cache_unfinished_req(self, req: CacheReq) -> None:
         """After a prefill chunk: cache the whole pages of req.fill_ids, point the row at the

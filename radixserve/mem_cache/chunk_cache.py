@@ -56,6 +56,9 @@ class ChunkCache(BasePrefixCache):
         req.prefix_indices = row.clone()
         req.last_node = self.root
 
+    def tree_owned_len(self, req: CacheReq) -> int:
+        return 0  # nothing is shared: every slot in a row belongs to its request
+
     def inc_lock_ref(self, node: Any) -> None:
         pass
 

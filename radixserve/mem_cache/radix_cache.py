@@ -154,7 +154,7 @@ class RadixCache(BasePrefixCache):
         if kv_len is None:
             kv_len = len(token_ids) - 1
         p = self.page_size
-        owned_by_tree = len(req.prefix_indices) - len(req.prefix_indices) % p
+        owned_by_tree = self.tree_owned_len(req)
         if not len(req.prefix_indices) <= kv_len <= len(token_ids):
             raise ValueError(
                 f"cache_finished_req: kv_len {kv_len} not in [{len(req.prefix_indices)}, {len(token_ids)}]"
@@ -174,7 +174,7 @@ class RadixCache(BasePrefixCache):
     def cache_unfinished_req(self, req: CacheReq) -> None:
         fill_len = len(req.fill_ids)
         p = self.page_size
-        owned_by_tree = len(req.prefix_indices) - len(req.prefix_indices) % p
+        owned_by_tree = self.tree_owned_len(req)
         row = req.req_pool_idx
         slots = self.req_to_token_pool.req_to_token[row, :fill_len].clone()
         aligned = fill_len - fill_len % p

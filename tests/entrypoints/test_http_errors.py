@@ -80,7 +80,9 @@ def test_api_key(server, http) -> None:
     wrong = httpx.get(url, headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401
     assert httpx.post(server.base_url + "/v1/chat/completions", json=GOOD_CHAT).status_code == 401
-    assert httpx.get(server.base_url + "/health").status_code == 200  # probes stay open
+    assert httpx.get(server.base_url + "/health").status_code == 200  # the liveness probe stays open
+    for path in ("/health_generate", "/metrics", "/get_server_info", "/get_model_info"):
+        assert httpx.get(server.base_url + path).status_code == 401, path  # everything else is behind it
     assert http.get("/v1/models").status_code == 200
 
 
@@ -99,13 +101,15 @@ def test_openai_client_errors(client) -> None:
 
 def test_context_length_boundary(server, http) -> None:
     limit = server.context_len
-    fits = http.post(
-        "/v1/completions", json={"prompt": [42] * (limit - 1), "max_tokens": 4, "temperature": 0}
-    )
+    # max_tokens absent: OpenAI's default (16) is clamped to the one token the context leaves
+    fits = http.post("/v1/completions", json={"prompt": [42] * (limit - 1), "temperature": 0})
     assert fits.status_code == 200, fits.text
     body = fits.json()
     assert body["usage"]["prompt_tokens"] == limit - 1 and body["usage"]["completion_tokens"] == 1
     assert body["choices"][0]["finish_reason"] == "length"
+    # an explicit max_tokens the context cannot hold is a 400 naming it (OpenAI's behaviour)
+    _check_error(http.post("/v1/completions", json={"prompt": [42] * (limit - 1), "max_tokens": 4}),
+                 400, "max_tokens")
     over = http.post("/v1/completions", json={"prompt": [42] * limit, "max_tokens": 1})
     _check_error(over, 400, "prompt")
     long_text = " hello" * (2 * limit)

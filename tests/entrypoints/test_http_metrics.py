@@ -10,7 +10,8 @@ PREFIX = "radixserve:"
 
 def _scrape(server) -> dict[str, float]:
     """sample name + sorted labels (model_name dropped) -> value."""
-    r = httpx.get(server.base_url + "/metrics")  # open without the API key, as Prometheus scrapes
+    # behind the API key like every route but /health (Prometheus sends it as a bearer token)
+    r = httpx.get(server.base_url + "/metrics", headers={"Authorization": f"Bearer {server.api_key}"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(r.text):

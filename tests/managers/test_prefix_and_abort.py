@@ -137,13 +137,16 @@ def test_bad_requests_rejected_others_finish(make_scheduler, long_text_ids):
         "empty": ([], greedy(), "prompt"),
         "too_long": (long_text_ids[:256], greedy(), "prompt"),
         "neg_max": (long_text_ids[:5], SamplingParams(max_new_tokens=-1), "max_new_tokens"),
+        # an explicit max_new_tokens the context cannot hold is refused (as OpenAI does), not clipped
+        "over_ctx": (long_text_ids[:255], greedy(8), "max_new_tokens"),
+        "huge_max": (long_text_ids[:5], SamplingParams(max_new_tokens=10**300), "max_new_tokens"),
     }
     for rid, (ids, params, field) in cases.items():
         err = sched.add_request(TokenizedGenerateReqInput(rid, ids, params))
         assert err is not None and err.error.startswith(field), err
-    # exactly filling the context minus the one generated token is fine
-    assert sched.add_request(TokenizedGenerateReqInput("fits", long_text_ids[:255], greedy(8))) is None
+    # exactly filling the context with the one generated token is fine
+    assert sched.add_request(TokenizedGenerateReqInput("fits", long_text_ids[:255], greedy(1))) is None
     outs = _drain(sched)
     assert outs["good"].meta_info["completion_tokens"] == 8
-    assert outs["fits"].meta_info["completion_tokens"] == 1  # stopped by the context length
+    assert outs["fits"].meta_info["completion_tokens"] == 1
     assert_no_leak(sched)
