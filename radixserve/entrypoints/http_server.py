@@ -37,6 +37,17 @@ from starlette.responses import Response
 from radixserve import __version__
 from radixserve.entrypoints.launcher import SchedulerHandle, launch_scheduler
 from radixserve.entrypoints.openai_serving import APIError, install_error_handlers, scheduler_died
+from radixserve.entrypoints.openai_protocol import (
+    AbortRequest,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    GenerateRequest,
+    ModelCard,
+    ModelList,
+)
+from radixserve.entrypoints.openapi_docs import error_responses, install_openapi, json_body
 from radixserve.entrypoints.request_gate import RequestGate
 from radixserve.entrypoints.server_routes import add_info_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
@@ -110,7 +121,7 @@ def build_app(state: ServerState) -> FastAPI:
             await asyncio.to_thread(state.handle.stop, SCHEDULER_STOP_TIMEOUT_S)
             await tm.close()
 
-    app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan)
+    app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan, responses=error_responses())
     app.add_middleware(RequestGate, api_key=args.api_key, max_body_bytes=args.max_request_body_bytes)
     if args.allowed_origins:  # added last = outermost: preflights are answered before the gate
         from starlette.middleware.cors import CORSMiddleware
@@ -122,22 +133,25 @@ def build_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
 
     # ------------------------------------------------------------------ generation
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=json_body(GenerateRequest, stream=True))
     async def generate(request: Request) -> Response:
         state.tm_or_503()
         return await servings["generate"].create(request)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest, CompletionResponse, stream=True))
     async def completions(request: Request) -> Response:
         state.tm_or_503()
         return await servings["completions"].create(request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions",
+              openapi_extra=json_body(ChatCompletionRequest, ChatCompletionResponse, stream=True))
     async def chat_completions(request: Request) -> Response:
         state.tm_or_503()
         return await servings["chat"].create(request)
 
     add_info_routes(app, state, servings)
+    install_openapi(app, [GenerateRequest, CompletionRequest, CompletionResponse, ChatCompletionRequest,
+                          ChatCompletionResponse, AbortRequest, ModelList, ModelCard])
 
     return app
 

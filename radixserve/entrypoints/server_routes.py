@@ -15,6 +15,7 @@ from radixserve import __version__
 from radixserve.entrypoints.openai_protocol import AbortRequest, ModelCard, ModelList
 from radixserve.entrypoints.openai_serving import APIError, RequestGroup, parse_body
 from radixserve.managers.io_struct import GenerateReqInput
+from radixserve.entrypoints.openapi_docs import json_body
 from radixserve.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
         # root is the served name, never a filesystem path (the listing is for any client).
         return ModelCard(id=name, created=state.created, root=name, max_model_len=state.handle.info["context_len"])
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", openapi_extra={"responses": {"200": {"description": "the served model", "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ModelList"}}}}}})
     async def models() -> Response:
         return JSONResponse(ModelList(data=[card()]).model_dump())
 
@@ -41,12 +43,12 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
         servings["chat"].check_model(model)
         return JSONResponse(card().model_dump())
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response)
     async def health() -> Response:
         state.tm_or_503()
         return Response(status_code=200)
 
-    @app.get("/health_generate")
+    @app.get("/health_generate", response_class=Response)
     async def health_generate(request: Request) -> Response:
         """Healthy only if a one-token generation goes through the whole pipeline."""
         tm = state.tm_or_503()
@@ -83,14 +85,15 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
         return JSONResponse({**server_args, **await tm.get_server_info(), "version": __version__,
                              "served_model_name": name})
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache", operation_id="flush_cache_get")
+    @app.post("/flush_cache", operation_id="flush_cache_post")
     async def flush_cache() -> Response:
         ok = await state.tm_or_503().flush_cache()
         if not ok:
             raise APIError(400, "flush_cache: requests are still running; try again when idle", code="busy")
         return JSONResponse({"success": True, "message": "Cache flushed."})
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(request: Request) -> Response:
         tm = state.tm_or_503()
         req: AbortRequest = await parse_body(request, AbortRequest)
@@ -100,7 +103,9 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
         rids = await (tm.abort_all() if req.abort_all else tm.abort_request(req.rid))
         return JSONResponse({"success": bool(rids), "aborted": rids})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             openapi_extra={"responses": {"200": {"description": "Prometheus text format",
+                                                  "content": {"text/plain": {}}}}})
     async def metrics() -> Response:
         assert state.metrics is not None
         if state.tm is not None and not state.tm.dead_reason:
