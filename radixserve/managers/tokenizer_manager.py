@@ -165,11 +165,21 @@ class TokenizerManager:
                 if req.stream:
                     yield result
         finally:
-            if not state.finished and not self.dead_reason:
+            if not state.finished and not self.dead_reason and not self._final_is_queued(state):
                 state.abandoned = True  # the caller went away (disconnect, cancel): see ReqState
                 self.send(AbortReq(rid))
             else:
                 self.states.pop(rid, None)
+
+    @staticmethod
+    def _final_is_queued(state: ReqState) -> bool:
+        """The scheduler's last word for this request already arrived, unread: it has dropped the
+        request, so there is nothing to abort and no later output to wait for."""
+        while not state.queue.empty():
+            out = state.queue.get_nowait()
+            if isinstance(out, str) or out.finished_reason is not None or out.error is not None:
+                return True
+        return False
 
     def _apply(self, state: ReqState, out: ReqOutput) -> dict[str, Any]:
         if out.new_token_ids and state.first_token_time is None:
