@@ -25,7 +25,10 @@ class ServerArgs:
     # --- model ---
     model_path: str | None = _knob(None, "GGUF file or Hugging Face folder; None = embedded SmolLM2-135M")
     tokenizer_path: str | None = _knob(None, "tokenizer location if it differs from model_path")
-    served_model_name: str | None = _knob(None, "model name reported by /v1/models (default: file name)")
+    served_model_name: str | None = _knob(
+        None, "model name(s) the API answers to, comma-separated: the first is reported, the others are "
+        "aliases (default: the file name; 'default' is always accepted)"
+    )
     dtype: str = _knob("float32", "compute dtype: float32 | float16 | bfloat16 (CPU: use float32)")
     device: str = _knob("cpu", "cpu | cuda")
     attention_backend: str = _knob(
@@ -174,10 +177,15 @@ class ServerArgs:
         return default_model_path()
 
     def model_name(self) -> str:
-        if self.served_model_name:
-            return self.served_model_name
-        path = self.resolved_model_path()
-        return os.path.basename(os.path.normpath(path))
+        """The name the API reports (the first served name)."""
+        return self.model_names()[0]
+
+    def model_names(self) -> list[str]:
+        """Every name the API answers to: the served names (or the file name), then 'default'."""
+        names = [n.strip() for n in (self.served_model_name or "").split(",") if n.strip()]
+        if not names:
+            names = [os.path.basename(os.path.normpath(self.resolved_model_path()))]
+        return names + ([] if "default" in names else ["default"])
 
     def replace(self, **changes: Any) -> ServerArgs:
         return dataclasses.replace(self, **changes)

@@ -31,3 +31,18 @@ def test_cli_flags_round_trip():
     args = ServerArgs.from_cli_args(ns)
     assert (args.attention_backend, args.linear_backend, args.page_size) == ("torch_native", "torch", 16)
     assert ServerArgs.from_cli_args(parser.parse_args([])) == ServerArgs()
+
+
+def test_served_model_names_and_aliases() -> None:
+    from radixserve.server_args import ServerArgs
+
+    args = ServerArgs(served_model_name="smol, smollm2-135m")
+    assert args.model_name() == "smol" and args.model_names() == ["smol", "smollm2-135m", "default"]
+
+
+def test_api_key_from_the_environment(monkeypatch) -> None:
+    from radixserve.server_args import API_KEY_ENV, ServerArgs
+
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    assert ServerArgs().api_key == "from-env"
+    assert ServerArgs(api_key="flag").api_key == "flag"  # the flag wins

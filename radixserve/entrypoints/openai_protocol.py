@@ -15,7 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept (not validated) so that the handlers can refuse the ones this server
+    # does not implement by name (serving_base.UNSUPPORTED_*); the rest (user, store, metadata...)
+    # have no meaning here and are ignored, as the OpenAI SDK sends them.
+    model_config = ConfigDict(extra="allow")
 
 
 class StreamOptions(_Request):

@@ -52,7 +52,7 @@ _KNOWN_PARAMS = {f for f in SamplingParams.__dataclass_fields__} | {
 }
 # SamplingParams name -> OpenAI name, so an error names the field the client actually sent.
 OPENAI_RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
-_CODES = {400: "invalid_value", 401: "invalid_api_key", 404: "not_found", 408: "request_timeout",
+_CODES = {400: "invalid_value", 401: "invalid_api_key", 404: "not_found", 408: "request_timeout", 409: "request_aborted",
           413: "request_too_large", 415: "unsupported_media_type", 429: "rate_limit_exceeded",
           503: "unavailable"}
 
@@ -280,10 +280,16 @@ def sse_error(e: BaseException) -> str:
 
 
 def finish_reason(meta: dict[str, Any]) -> tuple[str | None, int | str | None]:
-    """meta_info's finish_reason -> (OpenAI finish_reason, matched stop string / token)."""
+    """meta_info's finish_reason -> (OpenAI finish_reason, matched stop string / token).
+
+    OpenAI clients know stop | length | tool_calls | content_filter only: a request aborted through
+    /abort_request is an error (409) for them, in-band when it streams, instead of a new value."""
     reason = meta.get("finish_reason")
     if not reason:
         return None, None
+    if reason["type"] == "abort":
+        raise APIError(409, f"the request was aborted ({reason.get('message') or 'abort_request'})",
+                       code="request_aborted")
     return reason["type"], reason.get("matched")
 
 

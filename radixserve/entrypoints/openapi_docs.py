@@ -21,6 +21,7 @@ _ERROR_STATUSES = {
     401: "missing or wrong API key",
     404: "unknown model or route",
     408: "the request's timeout ran out; it was aborted",
+    409: "the request was aborted through /abort_request",
     413: "request body over --max-request-body-bytes",
     415: "a POST body that is not application/json",
     429: "too many requests in flight (Retry-After)",

@@ -29,19 +29,22 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
     args = state.server_args
     name = args.model_name()
 
-    def card() -> ModelCard:
+    def card(model_id: str = name) -> ModelCard:
         # root is the served name, never a filesystem path (the listing is for any client).
-        return ModelCard(id=name, created=state.created, root=name, max_model_len=state.handle.info["context_len"])
+        return ModelCard(id=model_id, created=state.created, root=name,
+                         max_model_len=state.handle.info["context_len"])
+
+    listed = [n for n in args.model_names() if n != "default" or n == name]  # 'default' is implied
 
     @app.get("/v1/models", openapi_extra={"responses": {"200": {"description": "the served model", "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/ModelList"}}}}}})
     async def models() -> Response:
-        return JSONResponse(ModelList(data=[card()]).model_dump())
+        return JSONResponse(ModelList(data=[card(n) for n in listed]).model_dump())
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> Response:
         servings["chat"].check_model(model)
-        return JSONResponse(card().model_dump())
+        return JSONResponse(card(model).model_dump())
 
     @app.get("/health", response_class=Response)
     async def health() -> Response:

@@ -36,20 +36,50 @@ _PARAM_FIELDS = {
 }
 
 
+_STRUCTURED = "structured output (JSON mode, schemas, grammars) is not supported yet"
+_TOOLS = "tool / function calling is not supported yet"
+# Fields refused with a 400 naming them (a feature asked for and not built is an error, not a no-op).
+UNSUPPORTED_CHAT = {
+    "tools": _TOOLS, "tool_choice": _TOOLS, "functions": _TOOLS, "function_call": _TOOLS,
+    "response_format": _STRUCTURED, "guided_json": _STRUCTURED, "guided_regex": _STRUCTURED,
+    "guided_grammar": _STRUCTURED, "guided_choice": _STRUCTURED, "json_schema": _STRUCTURED,
+    "regex": _STRUCTURED, "ebnf": _STRUCTURED,
+    "audio": "audio output is not supported (a text model)", "modalities": "only text is supported",
+    "prediction": "predicted outputs are not supported", "web_search_options": "web search is not supported",
+}
+UNSUPPORTED_COMPLETIONS = {k: v for k, v in UNSUPPORTED_CHAT.items()
+                           if k in ("response_format", "guided_json", "guided_regex", "guided_grammar",
+                                    "guided_choice", "json_schema", "regex", "ebnf")}
+
+
 class OpenAIServingBase:
     def __init__(self, tm: TokenizerManager, server_args: ServerArgs, metrics: Any = None) -> None:
         self.tm = tm
         self.tokenizer = tm.tokenizer
         self.server_args = server_args
         self.model_name = server_args.model_name()
+        self.model_names = server_args.model_names()
         self.metrics = metrics
         self._token_text: dict[int, str] = {}
 
     def check_model(self, model: str | None) -> None:
-        """An absent model means the served one; any other name is a 404, as in OpenAI's API."""
-        if model and model != self.model_name:
+        """An absent model means the served one; so do its aliases and 'default'. Anything else is a
+        404, as in OpenAI's API."""
+        if model and model not in self.model_names:
             message = f"The model `{model}` does not exist (this server serves `{self.model_name}`)."
             raise APIError(404, message, "model", "model_not_found")
+
+    @staticmethod
+    def check_unsupported(req: Any, fields: dict[str, str]) -> None:
+        """OpenAI fields this server does not implement are refused (400 naming the field), never
+        silently dropped: a client asking for JSON mode or tools must not get plain text."""
+        extra = getattr(req, "model_extra", None) or {}
+        for name, why in fields.items():
+            value = extra.get(name)
+            if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
+                continue  # plain text is what every request gets anyway
+            if value is not None:
+                raise APIError(400, f"{name}: {why}", name, "unsupported_parameter")
 
     def sampling_dict(self, req: Any, max_new_tokens: int | None) -> dict[str, Any]:
         """OpenAI request fields -> a sampling-params dict (None = unset; the normalizer checks values)."""

@@ -34,7 +34,7 @@ from radixserve.entrypoints.openai_serving import (
     sse,
     sse_error,
 )
-from radixserve.entrypoints.serving_base import OpenAIServingBase
+from radixserve.entrypoints.serving_base import UNSUPPORTED_CHAT, OpenAIServingBase
 from radixserve.managers.io_struct import GenerateReqInput
 
 
@@ -42,6 +42,7 @@ class OpenAIServingChat(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
         self.check_model(req.model)
+        self.check_unsupported(req, UNSUPPORTED_CHAT)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
         top_k = self.check_top_logprobs(req.top_logprobs, "top_logprobs")
@@ -52,7 +53,7 @@ class OpenAIServingChat(OpenAIServingBase):
         subs, _ = self.normalize(GenerateReqInput(
             text=prompt, sampling_params=self.sampling_dict(req, max_new), rid=rid,
             return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,
-            default_max_new_tokens=-1,
+            default_max_new_tokens=-1, add_special_tokens=False,  # the template writes its own BOS
         ))
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)

@@ -28,7 +28,7 @@ from radixserve.entrypoints.openai_serving import (
     sse,
     sse_error,
 )
-from radixserve.entrypoints.serving_base import OpenAIServingBase
+from radixserve.entrypoints.serving_base import UNSUPPORTED_COMPLETIONS, OpenAIServingBase
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -38,6 +38,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: CompletionRequest = await parse_body(request, CompletionRequest)
         self.check_model(req.model)
+        self.check_unsupported(req, UNSUPPORTED_COMPLETIONS)
         if req.best_of is not None and req.best_of != (req.n or 1):
             raise APIError(400, "best_of is not supported (use n)", "best_of")
         if req.suffix:

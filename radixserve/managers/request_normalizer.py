@@ -130,10 +130,10 @@ class RequestNormalizer:
         self.limits = limits
 
     # ------------------------------------------------------------------ prompts
-    def tokenize(self, text: Any) -> list[int]:
+    def tokenize(self, text: Any, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise ValueError(f"prompt: must be a string, got {type(text).__name__}")
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def prompts(self, obj: GenerateReqInput) -> tuple[list[list[int]], bool]:
         """(token id lists, is_batch) from exactly one of text / input_ids."""
@@ -143,7 +143,7 @@ class RequestNormalizer:
             is_batch = isinstance(obj.text, list)
             texts = obj.text if is_batch else [obj.text]
             self._check_count(len(texts))
-            return [self.tokenize(t) for t in texts], is_batch
+            return [self.tokenize(t, obj.add_special_tokens) for t in texts], is_batch
         ids = obj.input_ids
         if not isinstance(ids, list):
             raise ValueError("input_ids: must be a list of token ids or a list of such lists")

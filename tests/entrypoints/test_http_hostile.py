@@ -212,3 +212,44 @@ def test_request_timeout_is_408_and_frees_kv(http) -> None:
     r = http.post("/generate", json=body)
     assert r.status_code == 408 and r.json()["error"]["code"] == "request_timeout", r.text
     _still_serving(http)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+    ("tool_choice", "required"),
+    ("response_format", {"type": "json_object"}),
+    ("functions", [{"name": "f"}]),
+    ("audio", {"voice": "alloy"}),
+])
+def test_unimplemented_openai_fields_are_refused_by_name(http, field, value) -> None:
+    r = http.post("/v1/chat/completions", json={**GOOD, field: value})
+    _check_error(r, 400, field)
+    assert r.json()["error"]["code"] == "unsupported_parameter"
+    ok = http.post("/v1/chat/completions", json={**GOOD, "response_format": {"type": "text"}, "user": "u1"})
+    assert ok.status_code == 200, ok.text  # plain text and unknown SDK extras are fine
+
+
+def test_default_model_name_answers(http) -> None:
+    r = http.post("/v1/chat/completions", json={**GOOD, "model": "default"})
+    assert r.status_code == 200, r.text
+
+
+def test_abort_on_an_openai_route_is_an_error_not_a_new_finish_reason(server, http) -> None:
+    result: dict = {}
+
+    def run() -> None:
+        with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {server.api_key}"},
+                          timeout=120) as c:
+            result["r"] = c.post("/v1/completions", json={"prompt": "Count:", "max_tokens": 200, "ignore_eos": True,
+                                                          "rid": "oa-abort"})
+
+    t = threading.Thread(target=run)
+    t.start()
+    for _ in range(200):
+        if http.post("/abort_request", json={"rid": "oa-abort"}).json()["success"]:
+            break
+        t.join(0.1)
+    t.join(120)
+    r = result["r"]
+    assert r.status_code == 409 and r.json()["error"]["code"] == "request_aborted", r.text
+    _kv_returns_to_zero(http)
