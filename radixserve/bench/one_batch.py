@@ -17,6 +17,7 @@ slots; see runner_driver.py), so attention reads real history of the stated leng
 
     radixserve bench one-batch --prefill-lens 128,256,512,1024,2048 --batch-sizes 1,2,4,8,16,32,64 \
         --context-lens 128,512,2048 --json one_batch.json --plot one_batch.png [--profile]
+        [--enable-deterministic-inference]
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from radixserve.bench.common import machine_info, parse_int_list, print_table, s
 from radixserve.bench.roofline import measure_roofline
 from radixserve.bench.runner_driver import RunnerDriver
 from radixserve.bench.step_profile import profile_step
+from radixserve.layers.batch_invariant import batch_invariant_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler over one decode step at the smallest and largest batch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="measure the batch-invariant mode (ServerArgs.enable_deterministic_inference)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="PNG: decode step time vs batch size per context length")
     return p
@@ -72,6 +76,7 @@ def make_runner(args: argparse.Namespace) -> Any:
     server_args = ServerArgs(
         model_path=args.model_path, max_total_tokens=args.max_total_tokens or needed_tokens(args),
         max_running_requests=max(args.batch_sizes) + 1, num_threads=args.threads, show_progress=False,
+        enable_deterministic_inference=args.enable_deterministic_inference,
     )
     from radixserve.model_loader import get_model_config
 
@@ -194,8 +199,9 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         drv.release_all()
     measured = sorted({r["batch_size"] for r in result["decode"]})
-    result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup)
-                             for bs in measured]
+    with batch_invariant_mode(runner.deterministic):  # the linears as this runner's forward runs them
+        result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup)
+                                 for bs in measured]
     derive(result, runner)
     return result
 

@@ -14,6 +14,10 @@ projection to oneDNN's prepacked layout. Measured on this project's 2-core AVX2 
 `F.linear` streams a large weight at ~9 GB/s at one row and runs 32-row GEMMs at 20-40 GFLOP/s;
 oneDNN's packed kernel reads the same weights ~2x faster at 1 row and runs 32 rows 1.3-2.3x faster,
 i.e. exactly the decode shapes. The dense copy is released after packing so memory does not double.
+
+Under --enable-deterministic-inference every matmul here (projections and the LM head alike) runs in
+fixed-size row tiles (layers/batch_invariant.py: tiled_rows), so a row's result never depends on how
+many other rows share the step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
+from radixserve.layers.batch_invariant import batch_invariant_enabled, tiled_rows
 
 LINEAR_BACKENDS = ("auto", "torch", "onednn")
 
@@ -62,6 +67,11 @@ class PackableLinear(nn.Module):
             self.weight = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if batch_invariant_enabled():  # deterministic inference: fixed-size row tiles
+            return tiled_rows(lambda rows: self._gemm(rows, bias), x)
+        return self._gemm(x, bias)
+
+    def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         return F.linear(x, self.weight, bias)

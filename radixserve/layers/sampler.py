@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.layers.batch_invariant import batch_invariant_enabled
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 _CANDIDATES = 256
@@ -194,6 +195,25 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     return chunk * size + _inverse_cdf(inside, uniforms[:, 1])
 
 
+def _draw(x: torch.Tensor, info: SamplingBatchInfo, uniforms: torch.Tensor, row: int | None) -> torch.Tensor:
+    """Temperature, softmax weights, filters and the inverse-CDF draw for processed logits x
+    [n, vocab] (edited in place): all rows of the batch (row None), or x = the batch's row `row`."""
+    rows = slice(None) if row is None else slice(row, row + 1)
+    # Greedy rows hold temperature 1.0, so this never divides by zero.
+    x.div_(info.temperatures[rows])
+    # exp(x - max) is softmax without its normalisation, which nothing below needs (the
+    # filters are scale-free, the sampler takes weights); in place saves two passes.
+    probs = x.sub_(x.amax(dim=-1, keepdim=True)).exp_()  # [n, vocab]
+    if info.need_top_k or info.need_top_p or info.need_min_p:
+        filter_probs_(
+            probs,
+            info.top_ks[rows] if info.need_top_k else None,
+            info.top_ps[rows] if info.need_top_p else None,
+            info.min_ps[rows] if info.need_min_p else None,
+        )
+    return sample_from_probs(probs, uniforms)  # [n]
+
+
 # ---------------------------------------------------------------------- module
 class Sampler(torch.nn.Module):
     """Turns the last-position logits of each request into its next token id."""
@@ -210,20 +230,14 @@ class Sampler(torch.nn.Module):
             return torch.argmax(x, dim=-1)
 
         greedy_ids = torch.argmax(x, dim=-1) if info.any_greedy else None  # [bs]
-        # Greedy rows hold temperature 1.0, so this never divides by zero.
-        x.div_(info.temperatures)
-        # exp(x - max) is softmax without its normalisation, which nothing below needs (the
-        # filters are scale-free, the sampler takes weights); in place saves two passes.
-        probs = x.sub_(x.amax(dim=-1, keepdim=True)).exp_()  # [bs, vocab]
-        if info.need_top_k or info.need_top_p or info.need_min_p:
-            filter_probs_(
-                probs,
-                info.top_ks if info.need_top_k else None,
-                info.top_ps if info.need_top_p else None,
-                info.min_ps if info.need_min_p else None,
-            )
-        uniforms = draw_uniforms(probs.shape[0], info.seeded_rows, probs.device)  # [bs, 2]
-        next_ids = sample_from_probs(probs, uniforms)  # [bs]
+        uniforms = draw_uniforms(x.shape[0], info.seeded_rows, x.device)  # [bs, 2]
+        if batch_invariant_enabled() and x.shape[0] > 1:
+            # Deterministic inference: each row is sampled as a batch of one, i.e. by exactly the
+            # computation it gets alone (a [bs, vocab] sum splits one row across threads only
+            # when bs is small, so batched sampling is not bit-for-bit batch-invariant).
+            next_ids = torch.cat([_draw(x[i : i + 1], info, uniforms[i : i + 1], i) for i in range(x.shape[0])])
+        else:
+            next_ids = _draw(x, info, uniforms, None)  # [bs]
         if greedy_ids is not None:
             next_ids = torch.where(info.is_greedy, greedy_ids, next_ids)
         return next_ids

@@ -419,6 +419,7 @@ class Scheduler:
             "num_timed_out_reqs": self.stats["num_timed_out_reqs"],
             "failed_forward_streak": self.failed_forward_streak,
             "healthy": self.failed_forward_streak < UNHEALTHY_AFTER_FAILED_FORWARDS,
+            "deterministic_inference": self.model_runner.deterministic,
             "generation_tokens": self.stats["generation_tokens"],
             "prompt_tokens": self.stats["prompt_tokens"],
             "context_len": self.model_config.context_len,

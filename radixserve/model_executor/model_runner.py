@@ -7,6 +7,11 @@ picks requests and never sees a Req: the scheduler has decided *who* runs; this 
 Init order (each step needs the one before):
     parallel state -> model config -> weights (this rank's shard) -> KV pool sized from what is
     left -> attention backend -> sampler
+
+Execution mode: exact (the default: each op on its fastest path) or deterministic
+(--enable-deterministic-inference: batch-invariant, see layers/batch_invariant.py). The mode is
+decided once, in _make_attn_backend (which fails start-up if the mode cannot be honoured here), and
+applied around this runner's own forward and sampling by `batch_invariant_mode`.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
+from radixserve.layers.attention.base_attn_backend import AttentionBackend
+from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAttnBackend
 from radixserve.layers.attention.cpu_kernels import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
 from radixserve.layers.linear import model_weight_bytes, pack_linear_weights, resolve_linear_backend
 from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.sampler import Sampler
@@ -74,6 +82,7 @@ class ModelRunner:
         self.model_path = server_args.resolved_model_path()
         self.model_config = get_model_config(self.model_path, server_args.context_length)
         self.spec_algorithm = server_args.speculative_algorithm
+        self.deterministic = server_args.enable_deterministic_inference
         self._load_model(model)
         self._init_memory_pool()
         self.attn_backend = self._make_attn_backend()
@@ -99,9 +108,11 @@ class ModelRunner:
         self.weight_bytes = model_weight_bytes(self.model)
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
 
-    def _make_attn_backend(self) -> TorchNativeAttnBackend:
+    def _make_attn_backend(self) -> AttentionBackend:
         choice = self.server_args.attention_backend
         cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
+        if self.deterministic:
+            return self._make_deterministic_backend(cpu_fp32)
         if choice == "torch_native" or (choice == "auto" and not cpu_fp32):
             enable_cpu_kernels(self.model, None)
             return TorchNativeAttnBackend(self.device)
@@ -115,6 +126,32 @@ class ModelRunner:
         # the same library carries the layers' glue (fused add + RMSNorm, RoPE, SiLU-and-mul)
         enable_cpu_kernels(self.model, ops)
         return CpuPagedAttnBackend(self.device, ops.paged_attention)
+
+    def _make_deterministic_backend(self, cpu_fp32: bool) -> AttentionBackend:
+        """--enable-deterministic-inference: the C++ kernels or nothing. Falling back to the PyTorch
+        paths would silently give batch-dependent results, so a machine that cannot build them fails here."""
+        flag = "--enable-deterministic-inference"
+        if not cpu_fp32:
+            raise ValueError(f"{flag} needs device=cpu and dtype=float32")
+        ops, reason = load_cpu_ops()
+        if ops is None:
+            raise RuntimeError(
+                f"{flag} needs radixserve's C++ CPU kernels (batch-invariant attention), which could not be "
+                f"built on this machine: {reason.splitlines()[0][:300] if reason else 'unknown error'}. Install a "
+                "C++ compiler and ninja, or start without the flag."
+            )
+        if not hasattr(ops, "paged_attention_varlen"):
+            raise RuntimeError(
+                f"{flag}: the C++ kernel library that was loaded predates paged_attention_varlen (a stale build "
+                "in the torch extensions cache); touch radixserve/layers/attention/csrc/cpu_kernels.cpp or clear "
+                "~/.cache/torch_extensions to rebuild it"
+            )
+        enable_cpu_kernels(self.model, ops)  # RMSNorm / RoPE / SiLU: per-row C++ loops
+        logger.info(
+            "deterministic inference ON: GEMMs in %d-row tiles (%s), paged_attention_varlen for every "
+            "forward mode, per-row sampling", ROW_TILE, self.linear_backend,
+        )
+        return BatchInvariantAttnBackend(self.device, ops.paged_attention_varlen)
 
     def _profile_max_num_tokens(self) -> int:
         cfg = self.model_config
@@ -153,10 +190,15 @@ class ModelRunner:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
-        return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        with batch_invariant_mode(self.deterministic):
+            return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     @torch.inference_mode()
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
+        with batch_invariant_mode(self.deterministic):
+            return self._sample(logits_output, forward_batch)
+
+    def _sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
         logits = logits_output.next_token_logits
         if forward_batch.forward_mode.is_target_verify():
             # Verification is greedy per draft position (speculative decoding keeps greedy exact).
@@ -165,10 +207,17 @@ class ModelRunner:
         next_ids = self.sampler(logits, forward_batch.sampling_info)
         out = SampleOutput(next_token_ids=next_ids)
         if raw is not None:
+            # log_softmax over [bs, vocab] is row-wise in ATen (measured bit-identical at every bs), so
+            # it needs no per-row loop even in deterministic mode.
             logprobs = torch.log_softmax(raw.float(), dim=-1)
             out.next_token_logprobs = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1).tolist()
-            k = max(forward_batch.top_logprobs_nums, default=0)
-            if k > 0:
+            nums = forward_batch.top_logprobs_nums
+            k = max(nums, default=0)
+            if k > 0 and self.deterministic:
+                # each row's own k: the order topk gives tied values may depend on k
+                rows = [logprobs[i : i + 1].topk(n, dim=-1) for i, n in enumerate(nums)]
+                out.top_logprobs = [list(zip(ids[0].tolist(), vals[0].tolist())) for vals, ids in rows]
+            elif k > 0:
                 vals, ids = logprobs.topk(k, dim=-1)
                 out.top_logprobs = [
                     list(zip(ids[i, :n].tolist(), vals[i, :n].tolist()))

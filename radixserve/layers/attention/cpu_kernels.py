@@ -1,6 +1,7 @@
 """Build and load radixserve's C++ CPU kernels (csrc/cpu_kernels.cpp) on first use.
 
-`torch.ops.radixserve_cpu` then holds `paged_attention` (the cpu_paged attention backend) and the
+`torch.ops.radixserve_cpu` then holds `paged_attention` (the cpu_paged attention backend),
+`paged_attention_varlen` (every forward mode, for --enable-deterministic-inference) and the
 decoder-layer glue `fused_add_rms_norm_`, `rope_`, `silu_and_mul` that RMSNorm, RotaryEmbedding and
 SiluAndMul use once `enable_cpu_kernels(model, ops)` has marked them (ModelRunner does this when
 the attention backend is cpu_paged).

@@ -1,6 +1,7 @@
 // radixserve's CPU kernels (float32): paged attention for short query blocks (DECODE,
-// TARGET_VERIFY, the decodes of MIXED) and the decoder layer's glue (fused add + RMSNorm, RoPE,
-// SiLU-and-mul). Built on first use by radixserve/layers/attention/cpu_kernels.py.
+// TARGET_VERIFY, the decodes of MIXED), its variable-length form for every mode (used by
+// --enable-deterministic-inference, see paged_attention_varlen) and the decoder layer's glue (fused
+// add + RMSNorm, RoPE, SiLU-and-mul). Built on first use by radixserve/layers/attention/cpu_kernels.py.
 //
 // Why it exists: the torch-native path must first copy every request's K/V history out of the
 // paged pool (index_select) and then read the copy again in scaled_dot_product_attention; at
@@ -23,7 +24,10 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
+#include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -126,18 +130,23 @@ inline void weighted_sum(const float* __restrict p, const float* __restrict v, c
   for (int64_t t = 0; t < n; ++t) axpy(acc, p[t], v + idx[t] * row + off, D);
 }
 
-// Scores of every query row r = i * G + g against its visible keys, one row at a time with the
+// Scores of query rows i0 <= i < i1 of one (request, kv head), row r = (i - i0) * G + g, against
+// their visible keys: query i sits at position pos0 + i and sees keys 0 .. pos0 + i. q0 is the
+// request's query row 0; row r's scores go to scores + r * stride. One row at a time with the
 // row's query (64 columns at a time) in registers and 4 keys per iteration as independent FMA
-// chains. False when this layout has no vector path (the caller then uses dot_group).
-inline bool row_scores(const float* qp, const float* kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
-                       int64_t H, int64_t G, int64_t D, int64_t row, int64_t len, float scale, float* scores) {
+// chains: a row's scores depend only on its query, its position and the keys, never on which
+// other rows share the call. False when this layout has no vector path (the caller then uses
+// dot_group).
+inline bool rows_scores(const float* q0, const float* kp, const int64_t* idx, int64_t h, int64_t i0, int64_t i1,
+                        int64_t pos0, int64_t H, int64_t G, int64_t D, int64_t row, int64_t stride, float scale,
+                        float* scores) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 64 != 0) return false;
-  for (int64_t r = 0; r < L * G; ++r) {
-    const int64_t i = r / G, g = r % G;
-    const int64_t visible = len - L + i + 1;
-    const float* q = qp + ((b * L + i) * H + h * G + g) * D;
-    float* s = scores + r * len;
+  for (int64_t r = 0; r < (i1 - i0) * G; ++r) {
+    const int64_t i = i0 + r / G, g = r % G;
+    const int64_t visible = pos0 + i + 1;
+    const float* q = q0 + (i * H + h * G + g) * D;
+    float* s = scores + r * stride;
     for (int64_t c = 0; c < D; c += 64) {
       __m256 qv[8];
       for (int j = 0; j < 8; ++j) qv[j] = _mm256_loadu_ps(q + c + 8 * j);
@@ -181,6 +190,12 @@ inline bool row_scores(const float* qp, const float* kp, const int64_t* idx, int
 #else
   return false;
 #endif
+}
+
+// The fixed-L layout of paged_attention: rows 0 .. L-1 of request b, scores strided by len.
+inline bool row_scores(const float* qp, const float* kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
+                       int64_t H, int64_t G, int64_t D, int64_t row, int64_t len, float scale, float* scores) {
+  return rows_scores(qp + b * L * H * D, kp, idx, h, 0, L, len - L, H, G, D, row, len, scale, scores);
 }
 
 void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
@@ -262,6 +277,118 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         const int64_t i = r / G, g = r % G;
         float* orow = op + ((b * L + i) * H + h * G + g) * D;
         for (int64_t d = 0; d < D; ++d) orow[d] = acc[r * D + d] * inv_sum[r];
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// paged_attention_varlen: every forward mode through one code path (deterministic inference).
+//
+//   q        [n, H, D]      query rows; request b owns rows q_start[b] .. q_start[b] + q_lens[b] - 1
+//   kv_idx   [nb, max_len]  int64 slot table, row b valid for seq_lens[b] entries (this step's K/V
+//                           already written there)
+//   seq_lens, q_start, q_lens [nb] int64
+//   out      [n, H, D]      rows not owned by any request are left untouched
+// Query i of request b sits at position seq_lens[b] - q_lens[b] + i and sees keys 0 .. that position
+// (causal inside the block, whole history before it): PREFILL, EXTEND, DECODE, MIXED and
+// TARGET_VERIFY are all this one rule. Work items are (request, kv head, block of kRowBlock query
+// rows), so a long prompt uses every thread and the scratch stays O(kRowBlock * seq_len).
+//
+// Batch invariance: a query row's result is a function of its query vector, its position and the
+// keys/values it sees, computed by the same sequence of float operations whatever the other rows of
+// the call (other requests, other rows of the block, the block length): keys are visited in
+// position order with the grouping of rows_scores fixed by the row's own visible count, the softmax
+// and the weighted sum run per row, and each row's score buffer starts 64-byte aligned with a
+// stride rounded to 16 floats, so even a compiler's alignment peeling treats every row alike.
+constexpr int64_t kRowBlock = 16;
+
+inline void softmax_weighted_row(float* s, int64_t visible, const float* vp, const int64_t* idx, int64_t row,
+                                 int64_t off, int64_t D, float* acc, float* orow) {
+  float m = s[0];
+  for (int64_t t = 1; t < visible; ++t) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  for (int64_t t = 0; t < visible; ++t) s[t] = std::exp(s[t] - m);
+  for (int64_t t = 0; t < visible; ++t) sum += s[t];
+  const float inv = 1.f / sum;
+  weighted_sum(s, vp, idx, row, off, visible, D, acc);
+  for (int64_t d = 0; d < D; ++d) orow[d] = acc[d] * inv;
+}
+
+void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
+                            const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens,
+                            double scale, at::Tensor& out) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention_varlen: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
+                  out.scalar_type() == at::kFloat,
+              "paged_attention_varlen: float32 only");
+  TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
+                  q_start.scalar_type() == at::kLong && q_lens.scalar_type() == at::kLong,
+              "paged_attention_varlen: kv_idx, seq_lens, q_start and q_lens must be int64");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous() &&
+                  kv_idx.is_contiguous() && seq_lens.is_contiguous() && q_start.is_contiguous() &&
+                  q_lens.is_contiguous(),
+              "paged_attention_varlen: contiguous tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && out.sizes() == q.sizes() &&
+                  kv_idx.dim() == 2,
+              "paged_attention_varlen: bad ranks or shapes");
+  const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1), n = q.size(0);
+  const int64_t H = q.size(1), D = q.size(2), S = k.size(0), Hkv = k.size(1);
+  TORCH_CHECK(seq_lens.numel() == nb && q_start.numel() == nb && q_lens.numel() == nb,
+              "paged_attention_varlen: seq_lens, q_start and q_lens need one entry per kv_idx row");
+  TORCH_CHECK(k.size(2) == D && Hkv >= 1 && H % Hkv == 0, "paged_attention_varlen: head layout mismatch");
+  const int64_t G = H / Hkv;
+  const float fscale = static_cast<float>(scale);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const int64_t* ip = kv_idx.data_ptr<int64_t>();
+  const int64_t* lp = seq_lens.data_ptr<int64_t>();
+  const int64_t* sp = q_start.data_ptr<int64_t>();
+  const int64_t* np = q_lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // (request, first query row of the block)
+  for (int64_t b = 0; b < nb; ++b) {
+    TORCH_CHECK(np[b] >= 0 && sp[b] >= 0 && sp[b] + np[b] <= n, "paged_attention_varlen: query rows [", sp[b], ", ",
+                sp[b] + np[b], ") of request ", b, " outside q's ", n, " rows");
+    TORCH_CHECK(lp[b] >= np[b] && lp[b] <= max_len, "paged_attention_varlen: seq_len ", lp[b], " of request ", b,
+                " outside [", np[b], ", ", max_len, "]");
+    for (int64_t t = 0; t < lp[b]; ++t) {
+      const int64_t slot = ip[b * max_len + t];
+      TORCH_CHECK(slot >= 0 && slot < S, "paged_attention_varlen: slot ", slot, " outside the pool of ", S);
+    }
+    for (int64_t i0 = 0; i0 < np[b]; i0 += kRowBlock) blocks.emplace_back(b, i0);
+  }
+  const int64_t nblocks = static_cast<int64_t>(blocks.size());
+  const int64_t row = Hkv * D;  // floats per slot: all kv heads of one token
+  at::parallel_for(0, nblocks * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf, acc(D), sg(G);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = blocks[w / Hkv].first, i0 = blocks[w / Hkv].second, h = w % Hkv;
+      const int64_t i1 = std::min(i0 + kRowBlock, np[b]);
+      const int64_t pos0 = lp[b] - np[b], R = (i1 - i0) * G;
+      const int64_t stride = (pos0 + i1 + 15) / 16 * 16;  // >= the block's longest visible count
+      const int64_t* idx = ip + b * max_len;
+      const float* q0 = qp + sp[b] * H * D;
+      buf.resize(R * stride + 16);
+      float* scores = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+      if (!rows_scores(q0, kp, idx, h, i0, i1, pos0, H, G, D, row, stride, fscale, scores)) {
+        // No vector layout: keys outer, each visible (row, head) pair scored by dot_group, whose
+        // per-head arithmetic depends only on the head's index g.
+        const int64_t last = pos0 + i1;  // keys 0 .. last - 1 are visible to some row
+        for (int64_t t = 0; t < last; ++t) {
+          if (t + kAhead < last) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
+          const float* kr = kp + idx[t] * row + h * D;
+          for (int64_t i = std::max(i0, t - pos0); i < i1; ++i) {
+            dot_group(q0 + (i * H + h * G) * D, kr, G, D, sg.data());
+            for (int64_t g = 0; g < G; ++g) scores[((i - i0) * G + g) * stride + t] = sg[g] * fscale;
+          }
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t i = i0 + r / G, g = r % G;
+        float* orow = op + ((sp[b] + i) * H + h * G + g) * D;
+        softmax_weighted_row(scores + r * stride, pos0 + i + 1, vp, idx, row, h * D, D, acc.data(), orow);
       }
     }
   });
@@ -368,6 +495,8 @@ void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
 TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, int L, float scale, "
         "Tensor(a!) out) -> ()");
+  m.def("paged_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, Tensor q_start, "
+        "Tensor q_lens, float scale, Tensor(a!) out) -> ()");
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!)? residual, Tensor weight, float eps) -> ()");
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
@@ -375,6 +504,7 @@ TORCH_LIBRARY(radixserve_cpu, m) {
 
 TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
   m.impl("paged_attention", &paged_attention);
+  m.impl("paged_attention_varlen", &paged_attention_varlen);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
   m.impl("rope_", &rope_);
   m.impl("silu_and_mul", &silu_and_mul);
