@@ -48,7 +48,9 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
 
     @app.get("/health", response_class=Response)
     async def health() -> Response:
-        state.tm_or_503()
+        why = state.tm_or_503().unhealthy_reason()
+        if why is not None:
+            raise APIError(503, f"unhealthy: {why}", code="unhealthy")
         return Response(status_code=200)
 
     @app.get("/health_generate", response_class=Response)

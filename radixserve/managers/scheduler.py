@@ -38,8 +38,6 @@ IN_BATCH_PREFIX_TOKENS = 32
 # Test hook: a batch holding a request whose rid contains this string raises inside run_batch, as
 # a model bug triggered by one request would (tests/entrypoints/test_http_faults.py uses it).
 FAULT_INJECT_ENV = "RADIXSERVE_FAULT_INJECT"
-# After this many forwards in a row that all failed, /health reports the server unhealthy.
-UNHEALTHY_AFTER_FAILED_FORWARDS = 8
 
 
 class FatalSchedulerError(RuntimeError):
@@ -418,7 +416,6 @@ class Scheduler:
             "num_failed_reqs": self.stats["num_failed_reqs"],
             "num_timed_out_reqs": self.stats["num_timed_out_reqs"],
             "failed_forward_streak": self.failed_forward_streak,
-            "healthy": self.failed_forward_streak < UNHEALTHY_AFTER_FAILED_FORWARDS,
             "deterministic_inference": self.model_runner.deterministic,
             "generation_tokens": self.stats["generation_tokens"],
             "prompt_tokens": self.stats["prompt_tokens"],

@@ -52,6 +52,11 @@ class ReqState:
     abandoned: bool = False
 
 
+# After this many requests in a row failed while running (500), /health answers 503: the model
+# itself is likely broken, and a supervisor should restart the server.
+UNHEALTHY_AFTER_FAILED_REQUESTS = 8
+
+
 class SchedulerDied(RuntimeError):
     """The scheduler process is gone (HTTP 503)."""
 
@@ -102,6 +107,7 @@ class TokenizerManager:
         self.loop_task: asyncio.Task | None = None
         self.dead_reason: str | None = None
         self.draining = False  # SIGTERM: running requests finish, new ones get 503
+        self.failed_streak = 0  # requests in a row that failed while running (reset by any success)
         self.metrics: Any = None  # set by the HTTP server (Prometheus collectors)
 
     # ------------------------------------------------------------------ input
@@ -112,6 +118,11 @@ class TokenizerManager:
         subs, is_batch = self.normalizer.normalize(obj)
         self._check_room(len(subs))
         return subs, is_batch
+
+    def unhealthy_reason(self) -> str | None:
+        if self.failed_streak >= UNHEALTHY_AFTER_FAILED_REQUESTS:
+            return f"the last {self.failed_streak} requests failed while running"
+        return None
 
     def check_accepting(self) -> None:
         if self.dead_reason:
@@ -155,11 +166,14 @@ class TokenizerManager:
                     raise SchedulerDied(out)
                 if out.error is not None:
                     state.finished = True
+                    if out.error_status == 500:
+                        self.failed_streak += 1
                     if out.error_status == 400:
                         raise ValueError(out.error)
                     raise RequestError(out.error_status, out.error)
                 result = self._apply(state, out)
                 if result["finished"]:
+                    self.failed_streak = 0
                     yield result
                     return
                 if req.stream:

@@ -91,6 +91,15 @@ def test_injected_fault_fails_alone(h) -> None:
     assert h.get("/health_generate").status_code == 200
 
 
+def test_health_degrades_after_a_streak_of_failures(fault_server, h) -> None:
+    for k in range(8):
+        assert _gen(h, "x", f"boom-streak-{k}", n=1).status_code == 500
+    r = httpx.get(fault_server.base_url + "/health")
+    assert r.status_code == 503 and "last 8 requests failed" in r.json()["error"]["message"], r.text
+    assert _gen(h, "a good one", n=1).status_code == 200  # one success resets it
+    assert httpx.get(fault_server.base_url + "/health").status_code == 200
+
+
 def test_full_queue_is_429_with_retry_after(h) -> None:
     body = {"text": "Count:", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
