@@ -26,7 +26,7 @@ import torch
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
 from radixserve.layers.attention.base_attn_backend import AttentionBackend
 from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAttnBackend
-from radixserve.layers.attention.cpu_kernels import enable_cpu_kernels, load_cpu_ops
+from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
@@ -143,8 +143,8 @@ class ModelRunner:
         if not hasattr(ops, "paged_attention_varlen"):
             raise RuntimeError(
                 f"{flag}: the C++ kernel library that was loaded predates paged_attention_varlen (a stale build "
-                "in the torch extensions cache); touch radixserve/layers/attention/csrc/cpu_kernels.cpp or clear "
-                "~/.cache/torch_extensions to rebuild it"
+                "in the kernel cache); touch radixserve/kernels/cpu/csrc/ops.cpp or clear "
+                "~/.cache/radixserve/kernels to rebuild it"
             )
         enable_cpu_kernels(self.model, ops)  # RMSNorm / RoPE / SiLU: per-row C++ loops
         logger.info(

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.layers.activation import SiluAndMul
-from radixserve.layers.attention.cpu_kernels import load_cpu_ops
+from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 

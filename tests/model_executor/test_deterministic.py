@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.layers.attention.cpu_kernels import load_cpu_ops
+from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode, tiled_rows
 from radixserve.layers.linear import PackableLinear, onednn_linear_available
 from radixserve.managers.io_struct import TokenizedGenerateReqInput

@@ -83,7 +83,7 @@ def test_unknown_architecture_is_a_clear_error(tmp_path):
 
 
 def test_backends_are_the_ones_asked_for(tiny):
-    from radixserve.layers.attention.cpu_kernels import load_paged_attention
+    from radixserve.kernels.cpu import load_paged_attention
     from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 
     _, runner = tiny

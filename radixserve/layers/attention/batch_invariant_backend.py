@@ -3,7 +3,7 @@
 The other backends pick a path per request by its query length (SDPA over a PREFILL block, a
 gathered copy for a cached prefix, the paged kernel for short blocks), and SDPA's result for a row
 depends on the block it sits in (its flash tiling). Here PREFILL, EXTEND, DECODE, MIXED and
-TARGET_VERIFY all run `paged_attention_varlen` (csrc/cpu_kernels.cpp): K/V are read through the slot
+TARGET_VERIFY all run `paged_attention_varlen` (kernels/cpu/csrc/paged_attention.cpp): K/V are read through the slot
 table, every query row is scored, softmaxed and summed on its own, keys in position order, so a
 token's output depends only on its query, its position and the K/V it sees — not on whether its
 prompt ran alone, in a batch, as one PREFILL or as EXTEND chunks over a cached prefix.

@@ -1,5 +1,5 @@
 """The torch-native backend with its short-query path (DECODE, TARGET_VERIFY, MIXED's decodes)
-replaced by the C++ kernel of csrc/cpu_kernels.cpp, which reads K/V in place from the paged
+replaced by the C++ kernel of kernels/cpu/csrc/paged_attention.cpp, which reads K/V in place from the paged
 pool instead of gathering a padded copy per layer. Long query blocks (PREFILL, EXTEND chunks)
 stay on scaled_dot_product_attention, where the gather is small next to the attention itself.
 

@@ -1,0 +1,11 @@
+"""radixserve's C++ CPU kernels: sources in csrc/ (one per op family), built per CPU ISA by loader.py."""
+
+from radixserve.kernels.cpu.loader import (
+    enable_cpu_kernels,
+    load_cpu_ops,
+    load_paged_attention,
+    loaded_isa,
+    selected_isa,
+)
+
+__all__ = ["enable_cpu_kernels", "load_cpu_ops", "load_paged_attention", "loaded_isa", "selected_isa"]

@@ -1,0 +1,164 @@
+"""Build and load radixserve's C++ CPU kernels, one variant per CPU instruction set.
+
+    csrc/ops.cpp               every op's schema (torch.ops.radixserve_cpu.<name>)
+    csrc/paged_attention.cpp   paged_attention, paged_attention_varlen
+    csrc/decoder_glue.cpp      fused_add_rms_norm_, rope_, silu_and_mul
+
+The variant is chosen at run time from what *this* CPU reports (/proc/cpuinfo flags), never from
+what the build machine had: `avx512` (AVX-512 F/BW/VL/DQ), `avx2` (AVX2 + FMA) or `generic`
+(the portable C++ loops, no vector extensions beyond the x86-64 baseline). RADIXSERVE_CPU_ISA
+forces a variant the CPU supports (the tests run the lower ones that way; asking for one the CPU
+lacks is a ValueError naming the missing features). Each variant is compiled with explicit
+`-m` flags, not `-march=native`, into its own cache folder keyed by ISA, CPU model and torch version
+(~/.cache/radixserve/kernels/...), so a home folder shared by different machines never loads a
+library built for another CPU. First build ~30-60 s on two cores; later processes load it in ~1 s.
+
+A machine without a C++ compiler gets (None, reason) from load_cpu_ops() and the caller falls back
+to plain PyTorch (ModelRunner logs it; --enable-deterministic-inference refuses to start).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ISA_ENV = "RADIXSERVE_CPU_ISA"
+_CSRC = os.path.join(os.path.dirname(__file__), "csrc")
+SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "decoder_glue.cpp")]
+
+# best first: (name, CPU flags it needs, compiler flags)
+ISAS: list[tuple[str, frozenset[str], list[str]]] = [
+    ("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}),
+     ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"]),
+    ("avx2", frozenset({"avx2", "fma", "f16c"}), ["-mavx2", "-mfma", "-mf16c"]),
+    ("generic", frozenset(), []),
+]
+ISA_NAMES = [name for name, _, _ in ISAS]
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> tuple[frozenset[str], str]:
+    """(feature flags, model name) of this CPU, from /proc/cpuinfo (empty where it does not exist)."""
+    flags: set[str] = set()
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "flags" and not flags:
+                    flags = set(value.split())
+                elif key == "model name" and model == "unknown":
+                    model = value.strip()
+    except OSError:
+        pass
+    return frozenset(flags), model
+
+
+def missing_features(isa: str) -> list[str]:
+    needs = next(n for name, n, _ in ISAS if name == isa)
+    return sorted(needs - cpu_info()[0])
+
+
+def detect_isa() -> str:
+    """The best variant this CPU runs."""
+    return next(name for name, _, _ in ISAS if not missing_features(name))
+
+
+def selected_isa() -> str:
+    """RADIXSERVE_CPU_ISA if set (validated against this CPU), else the best variant it runs."""
+    forced = os.environ.get(ISA_ENV, "").strip().lower()
+    if not forced:
+        return detect_isa()
+    if forced not in ISA_NAMES:
+        raise ValueError(f"{ISA_ENV}={forced!r}: must be one of {', '.join(ISA_NAMES)}")
+    missing = missing_features(forced)
+    if missing:
+        raise ValueError(f"{ISA_ENV}={forced}: this CPU lacks {', '.join(missing)}")
+    return forced
+
+
+def build_dir(isa: str) -> str:
+    """One cache folder per (ISA, CPU model, torch version): never a library from another machine."""
+    model = cpu_info()[1]
+    key = hashlib.sha1(f"{model}|{torch.__version__}".encode()).hexdigest()[:10]
+    root = os.environ.get("RADIXSERVE_KERNEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                       "radixserve", "kernels")
+    return os.path.join(root, f"{isa}-{key}")
+
+
+@functools.lru_cache(maxsize=1)
+def _build() -> tuple[Any | None, str, str]:
+    """(ops, reason, isa). One variant per process: every variant registers torch.ops.radixserve_cpu."""
+    try:
+        isa = selected_isa()
+    except ValueError as e:
+        return None, str(e), ""
+    flags = next(f for name, _, f in ISAS if name == isa)
+    try:
+        from torch.utils import cpp_extension
+
+        folder = build_dir(isa)
+        os.makedirs(folder, exist_ok=True)
+        cpp_extension.load(
+            name=f"radixserve_cpu_{isa}",
+            sources=SOURCES,
+            # -ffast-math: lets GCC vectorise the softmax's expf (libmvec); the kernels have no inf/NaN logic.
+            extra_cflags=["-O3", *flags, "-fopenmp", "-ffast-math"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=folder,
+            is_python_module=False,
+            verbose=False,
+        )
+        return torch.ops.radixserve_cpu, "", isa
+    except Exception as exc:  # noqa: BLE001  # no compiler, no ninja, a failed build: all mean "fall back"
+        return None, f"{type(exc).__name__}: {exc}", isa
+
+
+def loaded_isa() -> str | None:
+    """The variant this process loaded (None if none could be)."""
+    ops, _, isa = _build()
+    return isa if ops is not None else None
+
+
+def load_cpu_ops() -> tuple[Any | None, str]:
+    """(torch.ops.radixserve_cpu, "") once built or loaded; (None, reason) when this machine cannot."""
+    ops, reason, isa = _build()
+    if ops is None:
+        logger.warning("C++ CPU kernels unavailable, using the PyTorch paths: %s", reason.splitlines()[0][:300])
+    else:
+        logger.info("C++ CPU kernels: %s variant", isa)
+    return ops, reason
+
+
+def load_paged_attention() -> tuple[Callable[..., None] | None, str]:
+    """(the paged attention kernel, "") or (None, reason)."""
+    ops, reason = load_cpu_ops()
+    return (None if ops is None else ops.paged_attention), reason
+
+
+def enable_cpu_kernels(model: torch.nn.Module, ops: Any | None) -> int:
+    """Point every module with a `cpu_ops` slot (RMSNorm, RotaryEmbedding, SiluAndMul) at `ops`
+    (None switches them back to plain PyTorch); returns how many modules were set."""
+    count = 0
+    for mod in model.modules():
+        if hasattr(mod, "cpu_ops"):
+            mod.cpu_ops = ops
+            count += 1
+    return count
+
+
+if __name__ == "__main__":
+    # `python -m radixserve.kernels.cpu.loader`: build (or load) the kernels now, e.g. from
+    # `make setup`, so the first server start does not pay for the compile. Never fails set-up.
+    built, why = load_cpu_ops()
+    status = f"ready ({loaded_isa()} variant)" if built is not None else f"unavailable ({why.splitlines()[0][:200]})"
+    print("radixserve C++ CPU kernels:", status)

@@ -1,0 +1,88 @@
+"""The C++ CPU kernels are chosen by what this CPU reports: every variant it supports builds and
+matches PyTorch (each in a subprocess, since one process loads one variant); a variant it lacks is
+refused with the missing features named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from radixserve.kernels.cpu import loader
+
+CHECK = r"""
+import torch, torch.nn.functional as F
+from radixserve.kernels.cpu import load_cpu_ops, loaded_isa
+ops, why = load_cpu_ops()
+assert ops is not None, why
+torch.manual_seed(0)
+nb, H, Hkv, D, L = 3, 6, 2, 24, 2           # D=24: the vector loop's tail is exercised too
+lens = [7, 19, 33]
+S = sum(lens) + 8
+k, v = torch.randn(S, Hkv, D), torch.randn(S, Hkv, D)
+perm = torch.randperm(S - 1) + 1
+idx = torch.zeros(nb, max(lens), dtype=torch.int64)
+off = 0
+for b, n in enumerate(lens):
+    idx[b, :n] = perm[off:off + n]; off += n
+q = torch.randn(nb * L, H, D)
+out = torch.empty_like(q)
+ops.paged_attention(q, k, v, idx, torch.tensor(lens), L, D ** -0.5, out)
+for b, n in enumerate(lens):
+    kb = k[idx[b, :n]].repeat_interleave(H // Hkv, 1).transpose(0, 1)
+    vb = v[idx[b, :n]].repeat_interleave(H // Hkv, 1).transpose(0, 1)
+    qb = q[b * L:(b + 1) * L].transpose(0, 1)
+    mask = torch.ones(L, n, dtype=torch.bool).tril(n - L)
+    ref = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask).transpose(0, 1)
+    torch.testing.assert_close(out[b * L:(b + 1) * L], ref, atol=1e-5, rtol=1e-4)
+x, r, w = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
+want = (r + x) * torch.rsqrt(((r + x) ** 2).mean(-1, keepdim=True) + 1e-6) * w
+ops.fused_add_rms_norm_(x, r, w, 1e-6)
+torch.testing.assert_close(x, want, atol=1e-5, rtol=1e-5)
+g = torch.randn(4, 2 * 40); o = torch.empty(4, 40)
+ops.silu_and_mul(g, o)
+torch.testing.assert_close(o, F.silu(g[:, :40]) * g[:, 40:], atol=1e-5, rtol=1e-5)
+print("ISA", loaded_isa())
+"""
+
+
+def test_detected_variant_follows_the_cpu_flags() -> None:
+    flags, _ = loader.cpu_info()
+    isa = loader.detect_isa()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags:
+        assert isa == "avx512"
+    elif {"avx2", "fma", "f16c"} <= flags:
+        assert isa == "avx2"
+    else:
+        assert isa == "generic"
+
+
+def test_unknown_or_unsupported_variant_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv(loader.ISA_ENV, "sse9")
+    with pytest.raises(ValueError, match="must be one of"):
+        loader.selected_isa()
+    lacking = [name for name in loader.ISA_NAMES if loader.missing_features(name)]
+    if not lacking:
+        pytest.skip("this CPU runs every variant")
+    monkeypatch.setenv(loader.ISA_ENV, lacking[0])
+    with pytest.raises(ValueError, match="this CPU lacks") as e:
+        loader.selected_isa()
+    assert all(f in str(e.value) for f in loader.missing_features(lacking[0]))
+
+
+def test_cache_folder_is_per_isa_and_cpu() -> None:
+    assert loader.build_dir("avx2") != loader.build_dir("generic")
+    assert os.path.basename(loader.build_dir("avx2")).startswith("avx2-")
+
+
+@pytest.mark.parametrize("isa", loader.ISA_NAMES)
+def test_every_supported_variant_builds_and_matches_pytorch(isa) -> None:
+    missing = loader.missing_features(isa)
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(missing)} (needed by the {isa} variant)")
+    env = {**os.environ, loader.ISA_ENV: isa}
+    res = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"ISA {isa}" in res.stdout
