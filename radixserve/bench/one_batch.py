@@ -17,7 +17,7 @@ slots; see runner_driver.py), so attention reads real history of the stated leng
 
     radixserve bench one-batch --prefill-lens 128,256,512,1024,2048 --batch-sizes 1,2,4,8,16,32,64 \
         --context-lens 128,512,2048 --json one_batch.json --plot one_batch.png [--profile]
-        [--enable-deterministic-inference]
+        [--enable-deterministic-inference] [--quantization int8]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from radixserve.bench.roofline import measure_roofline
 from radixserve.bench.runner_driver import RunnerDriver
 from radixserve.bench.step_profile import profile_step
 from radixserve.layers.batch_invariant import batch_invariant_mode
+from radixserve.layers.linear import int8_rows_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler over one decode step at the smallest and largest batch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", default="none", choices=["none", "int8"],
+                   help="measure ServerArgs.quantization (int8: one-row steps on int8 weights)")
     p.add_argument("--enable-deterministic-inference", action="store_true",
                    help="measure the batch-invariant mode (ServerArgs.enable_deterministic_inference)")
     p.add_argument("--json", default=None)
@@ -76,7 +79,7 @@ def make_runner(args: argparse.Namespace) -> Any:
     server_args = ServerArgs(
         model_path=args.model_path, max_total_tokens=args.max_total_tokens or needed_tokens(args),
         max_running_requests=max(args.batch_sizes) + 1, num_threads=args.threads, show_progress=False,
-        enable_deterministic_inference=args.enable_deterministic_inference,
+        enable_deterministic_inference=args.enable_deterministic_inference, quantization=args.quantization,
     )
     from radixserve.model_loader import get_model_config
 
@@ -199,7 +202,8 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         drv.release_all()
     measured = sorted({r["batch_size"] for r in result["decode"]})
-    with batch_invariant_mode(runner.deterministic):  # the linears as this runner's forward runs them
+    # the linears as this runner's forward runs them
+    with batch_invariant_mode(runner.deterministic), int8_rows_mode(runner.q8_ops):
         result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup)
                                  for bs in measured]
     derive(result, runner)

@@ -21,6 +21,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from typing import Any
+
 import torch
 
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
@@ -30,7 +32,14 @@ from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
-from radixserve.layers.linear import model_weight_bytes, pack_linear_weights, resolve_linear_backend
+from radixserve.layers.linear import (
+    PackableLinear,
+    int8_rows_mode,
+    model_weight_bytes,
+    pack_linear_weights,
+    quantize_linear_weights,
+    resolve_linear_backend,
+)
 from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
@@ -86,6 +95,7 @@ class ModelRunner:
         self._load_model(model)
         self._init_memory_pool()
         self.attn_backend = self._make_attn_backend()
+        self.q8_ops = self._int8_ops()
         self.sampler = Sampler()
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
 
@@ -95,6 +105,9 @@ class ModelRunner:
         self.linear_backend = resolve_linear_backend(self.server_args.linear_backend, self.device, self.dtype)
         if model is not None:
             self.model = model
+            if self.server_args.quantization == "int8" and not any(
+                    isinstance(m, PackableLinear) and m.q8_weight is not None for m in model.modules()):
+                raise ValueError("quantization int8: a shared model must have been loaded with quantization int8")
             if self.linear_backend == "onednn":
                 pack_linear_weights(model)  # idempotent: a shared model is packed once
             self.weight_bytes = model_weight_bytes(model)
@@ -103,10 +116,21 @@ class ModelRunner:
         self.model = cls(self.model_config, self.parallel_state).to(dtype=self.dtype)
         self.model.load_weights(iterate_weights(self.model_path))
         self.model.to(self.device).eval()
+        if self.server_args.quantization == "int8":
+            quantize_linear_weights(self.model)  # from the dense weights, before packing frees them
         if self.linear_backend == "onednn":
             pack_linear_weights(self.model)
         self.weight_bytes = model_weight_bytes(self.model)
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
+
+    def _int8_ops(self) -> Any:
+        if self.server_args.quantization != "int8":
+            return None
+        ops, reason = load_cpu_ops()
+        if ops is None or not hasattr(ops, "int8_linear"):
+            raise RuntimeError(f"quantization int8 needs radixserve's C++ CPU kernels: {reason or 'int8_linear missing'}")
+        logger.info("quantization int8: one-row steps run int8 weights x int8 activations")
+        return ops
 
     def _make_attn_backend(self) -> AttentionBackend:
         choice = self.server_args.attention_backend
@@ -190,7 +214,7 @@ class ModelRunner:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
-        with batch_invariant_mode(self.deterministic):
+        with batch_invariant_mode(self.deterministic), int8_rows_mode(self.q8_ops):
             return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     @torch.inference_mode()

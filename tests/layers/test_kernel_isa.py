@@ -44,6 +44,12 @@ torch.testing.assert_close(x, want, atol=1e-5, rtol=1e-5)
 g = torch.randn(4, 2 * 40); o = torch.empty(4, 40)
 ops.silu_and_mul(g, o)
 torch.testing.assert_close(o, F.silu(g[:, :40]) * g[:, 40:], atol=1e-5, rtol=1e-5)
+wq = torch.randint(-127, 128, (10, 64), dtype=torch.int8); ws = torch.rand(10, 2) / 100
+xx = torch.randn(1, 64); oo = torch.empty(1, 10)
+ops.int8_linear(xx, wq, ws, None, oo)
+xb = xx.reshape(2, 32); xs = xb.abs().amax(1, keepdim=True) / 127
+ref = (torch.round(xb / xs) * xs).reshape(1, 64) @ (wq.float().reshape(10, 2, 32) * ws[:, :, None]).reshape(10, 64).T
+torch.testing.assert_close(oo, ref, atol=1e-3, rtol=1e-4)
 print("ISA", loaded_isa())
 """
 

@@ -3,6 +3,7 @@
     csrc/ops.cpp               every op's schema (torch.ops.radixserve_cpu.<name>)
     csrc/paged_attention.cpp   paged_attention, paged_attention_varlen
     csrc/decoder_glue.cpp      fused_add_rms_norm_, rope_, silu_and_mul
+    csrc/quant_linear.cpp      int8_linear (int8 weights x block-quantised int8 activations)
 
 The variant is chosen at run time from what *this* CPU reports (/proc/cpuinfo flags), never from
 what the build machine had: `avx512` (AVX-512 F/BW/VL/DQ), `avx2` (AVX2 + FMA) or `generic`
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "decoder_glue.cpp")]
+SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "decoder_glue.cpp", "quant_linear.cpp")]
 
 # best first: (name, CPU flags it needs, compiler flags)
 ISAS: list[tuple[str, frozenset[str], list[str]]] = [
