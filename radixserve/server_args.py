@@ -101,7 +101,7 @@ class ServerArgs:
     node_rank: int = _knob(0, "this machine's rank among nnodes")
     dist_init_addr: str | None = _knob(None, "host:port of rank 0 for torch.distributed")
     # --- speculative decoding ---
-    speculative_algorithm: str | None = _knob(None, "None | ngram")
+    speculative_algorithm: str | None = _knob(None, "None (speculative decoding is not implemented yet: any value is refused)")
     speculative_num_draft_tokens: int = _knob(4, "draft tokens verified per step")
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
@@ -166,8 +166,15 @@ class ServerArgs:
             bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
             bad("tp_size", "tp_size, dp_size and nnodes must be >= 1")
-        if self.speculative_algorithm not in (None, "ngram"):
-            bad("speculative_algorithm", f"must be None or 'ngram', got {self.speculative_algorithm!r}")
+        if self.speculative_algorithm is not None:
+            # Refused rather than accepted and ignored: the scheduler does not produce TARGET_VERIFY
+            # batches yet (the execution layer's verify path exists and is tested).
+            bad("speculative_algorithm", f"speculative decoding is not wired into the scheduler yet, got "
+                f"{self.speculative_algorithm!r}; start without it")
+        if not 1 <= self.speculative_num_draft_tokens <= 16:
+            bad("speculative_num_draft_tokens", f"must be in [1, 16], got {self.speculative_num_draft_tokens}")
+        if not 0 <= self.node_rank < self.nnodes:
+            bad("node_rank", f"must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.context_length is not None and self.context_length < 2:
             bad("context_length", "must be >= 2")
         if not 0 < self.mem_fraction_static <= 1:

@@ -46,3 +46,16 @@ def test_api_key_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv(API_KEY_ENV, "from-env")
     assert ServerArgs().api_key == "from-env"
     assert ServerArgs(api_key="flag").api_key == "flag"  # the flag wins
+
+
+def test_unbuilt_features_are_refused_not_ignored() -> None:
+    import pytest
+
+    from radixserve.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="speculative_algorithm"):
+        ServerArgs(speculative_algorithm="ngram")
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
+        ServerArgs(speculative_num_draft_tokens=10**9)
+    with pytest.raises(ValueError, match="node_rank"):
+        ServerArgs(node_rank=3)
