@@ -92,3 +92,20 @@ def test_every_supported_variant_builds_and_matches_pytorch(isa) -> None:
     res = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"ISA {isa}" in res.stdout
+
+
+def test_a_stale_build_lock_left_by_a_killed_build_does_not_hang(tmp_path) -> None:
+    """torch's build baton is a plain file: a build killed mid-way used to leave it and make every
+    later process wait forever. The loader's OS lock proves nobody is building and removes it."""
+    isa = loader.detect_isa()
+    folder = tmp_path / "cache"
+    env = {**os.environ, "RADIXSERVE_KERNEL_CACHE": str(folder)}
+    first = subprocess.run([sys.executable, "-c", "from radixserve.kernels.cpu import load_cpu_ops; "
+                            "from radixserve.kernels.cpu.loader import build_dir; import sys; "
+                            f"print(build_dir({isa!r}))"], env=env, capture_output=True, text=True, timeout=120)
+    build = first.stdout.strip().splitlines()[-1]
+    os.makedirs(build, exist_ok=True)
+    open(os.path.join(build, "lock"), "w").close()  # what a killed build leaves
+    res = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not os.path.exists(os.path.join(build, "lock"))

@@ -20,11 +20,13 @@ to plain PyTorch (ModelRunner logs it; --enable-deterministic-inference refuses 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -88,9 +90,13 @@ def selected_isa() -> str:
 
 
 def build_dir(isa: str) -> str:
-    """One cache folder per (ISA, CPU model, torch version): never a library from another machine."""
-    model = cpu_info()[1]
-    key = hashlib.sha1(f"{model}|{torch.__version__}".encode()).hexdigest()[:10]
+    """One cache folder per (ISA, CPU model, torch version, sources): never a library from another
+    machine, and two checkouts with different sources never rebuild over each other."""
+    h = hashlib.sha1(f"{cpu_info()[1]}|{torch.__version__}".encode())
+    for path in SOURCES:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    key = h.hexdigest()[:10]
     root = os.environ.get("RADIXSERVE_KERNEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
                                                                        "radixserve", "kernels")
     return os.path.join(root, f"{isa}-{key}")
@@ -109,19 +115,41 @@ def _build() -> tuple[Any | None, str, str]:
 
         folder = build_dir(isa)
         os.makedirs(folder, exist_ok=True)
-        cpp_extension.load(
-            name=f"radixserve_cpu_{isa}",
-            sources=SOURCES,
-            # -ffast-math: lets GCC vectorise the softmax's expf (libmvec); the kernels have no inf/NaN logic.
-            extra_cflags=["-O3", *flags, "-fopenmp", "-ffast-math"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=folder,
-            is_python_module=False,
-            verbose=False,
-        )
+        with _build_lock(folder):
+            _load(cpp_extension, isa, flags, folder)
         return torch.ops.radixserve_cpu, "", isa
     except Exception as exc:  # noqa: BLE001  # no compiler, no ninja, a failed build: all mean "fall back"
         return None, f"{type(exc).__name__}: {exc}", isa
+
+
+@contextmanager
+def _build_lock(folder: str) -> Iterator[None]:
+    """Serialise builders with an OS lock (released even if its holder is killed). torch's own
+    baton is a plain file that a killed build leaves behind, after which every later process would
+    wait forever; whoever holds this lock is the only builder, so a baton it finds is stale."""
+    with open(os.path.join(folder, ".radixserve-build.lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            stale = os.path.join(folder, "lock")
+            if os.path.exists(stale):
+                logger.warning("removing a stale kernel build lock left by a killed build: %s", stale)
+                os.remove(stale)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _load(cpp_extension: Any, isa: str, flags: list[str], folder: str) -> None:
+    cpp_extension.load(
+        name=f"radixserve_cpu_{isa}",
+        sources=SOURCES,
+        # -ffast-math: lets GCC vectorise the softmax's expf (libmvec); the kernels have no inf/NaN logic.
+        extra_cflags=["-O3", *flags, "-fopenmp", "-ffast-math"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=folder,
+        is_python_module=False,
+        verbose=False,
+    )
 
 
 def loaded_isa() -> str | None:
