@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -71,6 +72,15 @@ class ServerProcess:
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s:\n{self.log()}")
+
+    def running(self) -> Iterator[ServerProcess]:
+        """Start, wait until ready, yield, stop: the body of every module-scoped server fixture."""
+        self.start()
+        try:
+            self.wait_ready()
+            yield self
+        finally:
+            self.stop()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -32,12 +32,7 @@ ARGS = ["--context-length", "256", "--max-total-tokens", "4096", "--check-invari
 def fault_server():
     srv = ServerProcess(ARGS, api_key=KEY, context_len=256,
                         env={"RADIXSERVE_FAULT_INJECT": "boom", "RADIXSERVE_API_KEY": KEY})
-    srv.start()
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    yield from srv.running()
 
 
 @pytest.fixture

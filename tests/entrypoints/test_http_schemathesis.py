@@ -23,12 +23,7 @@ ARGS = ["--context-length", "32", "--max-total-tokens", "2048", "--check-invaria
 @pytest.fixture(scope="module")
 def fuzz_server():
     srv = ServerProcess(ARGS, api_key=KEY, context_len=32)
-    srv.start()
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    yield from srv.running()
 
 
 @pytest.fixture(scope="module")

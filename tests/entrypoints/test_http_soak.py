@@ -56,12 +56,7 @@ def soak_server(tmp_path_factory, default_model_path):
     transformers.LlamaForCausalLM(cfg).float().save_pretrained(folder, safe_serialization=True)
     args = [*ARGS, "--model-path", str(folder), "--tokenizer-path", default_model_path]
     srv = ServerProcess(args, api_key=KEY, context_len=256)
-    srv.start()
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+    yield from srv.running()
 
 
 def _rss_mb(srv: ServerProcess) -> float:
