@@ -37,9 +37,16 @@ class ServerArgs:
     )
     linear_backend: str = _knob("auto", "auto | torch | onednn: projections' GEMM (auto = oneDNN packed on CPU float32)")
     quantization: str = _knob(
-        "none", "none | int8: int8 also keeps an int8 copy (a scale per 32 weights, as GGUF's Q8_0) of every projection and the LM head, "
-        "which one-row steps (batch-1 decode) run with block-quantised int8 activations (~2-4x faster GEMVs on "
-        "CPU); larger steps keep the float32 path, so weight memory grows by a quarter. Not bit-exact"
+        "auto", "auto | none | int8 | int4: a low-bit copy of every projection and the LM head that steps of "
+        "<= 4 rows (batch-1..4 decode) run with block-quantised int8 activations; longer steps keep the float "
+        "weights. auto = a GGUF's own Q8_0 / Q4_0 / Q4_1 blocks kept as they are (other low-bit types "
+        "re-quantised to the nearest of Q8_0 / Q4_1, float tensors kept float), none for Hugging Face "
+        "folders, GPUs and deterministic mode; int8 / int4 quantise float weights at load (Q8_0 / Q4_1, "
+        "32-blocks). none = float only, the exact mode. CPU float32 only"
+    )
+    disable_cpu_graph: bool = _knob(
+        False, "run DECODE steps layer by layer in Python instead of the native decoder stack (CpuGraphRunner, "
+        "used with low-bit weights for steps of <= 4 rows); for debugging and comparison"
     )
     enable_deterministic_inference: bool = _knob(
         False, "batch-invariant execution: greedy and seeded requests get bit-identical tokens and logprobs "
@@ -136,12 +143,13 @@ class ServerArgs:
             bad("attention_backend", f"must be auto, torch_native or cpu_paged, got {self.attention_backend!r}")
         if self.linear_backend not in ("auto", "torch", "onednn"):
             bad("linear_backend", f"must be auto, torch or onednn, got {self.linear_backend!r}")
-        if self.quantization not in ("none", "int8"):
-            bad("quantization", f"must be none or int8, got {self.quantization!r}")
-        if self.quantization == "int8" and (self.device != "cpu" or self.dtype != "float32"):
-            bad("quantization", "int8 runs on the CPU in float32 (device=cpu, dtype=float32)")
-        if self.quantization == "int8" and self.enable_deterministic_inference:
-            bad("quantization", "int8 and enable_deterministic_inference cannot be combined")
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            bad("quantization", f"must be auto, none, int8 or int4, got {self.quantization!r}")
+        if self.quantization in ("int8", "int4") and (self.device != "cpu" or self.dtype != "float32"):
+            bad("quantization", f"{self.quantization} runs on the CPU in float32 (device=cpu, dtype=float32)")
+        if self.quantization in ("int8", "int4") and self.enable_deterministic_inference:
+            # the low-bit path serves steps of few rows only, so a row's numbers would depend on its batch
+            bad("quantization", f"{self.quantization} and enable_deterministic_inference cannot be combined")
         if self.enable_deterministic_inference:
             why = None
             if self.device != "cpu" or self.dtype != "float32":

@@ -43,12 +43,24 @@ def tokenizer(default_model_path: str):
 
 @pytest.fixture(scope="session")
 def model_runner(default_model_path: str):
-    """The real ModelRunner on the default model, page_size 1, a modest KV pool."""
+    """The real ModelRunner on the default model in the exact mode (float32, --quantization none: what
+    the transformers oracle is compared with), page_size 1, a modest KV pool."""
     from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.server_args import ServerArgs
 
-    args = ServerArgs(model_path=default_model_path, max_total_tokens=16384, max_running_requests=64)
+    args = ServerArgs(model_path=default_model_path, max_total_tokens=16384, max_running_requests=64,
+                      quantization="none")
     return ModelRunner(args)
+
+
+@pytest.fixture(scope="session")
+def fast_runner(default_model_path: str):
+    """The real ModelRunner with the default settings (--quantization auto: the GGUF's own Q4_1 / Q8_0
+    blocks for few-row steps, the native decode stack)."""
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.server_args import ServerArgs
+
+    return ModelRunner(ServerArgs(model_path=default_model_path, max_total_tokens=8192, max_running_requests=40))
 
 
 @pytest.fixture(scope="session")

@@ -38,10 +38,16 @@ def layer_linear_params(model: torch.nn.Module) -> int:
     return sum(m.num_weight_params() for m in linear_layers(model)[:-1])
 
 
-def streamed_weight_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> int:
+def streamed_weight_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32, low_bit: bool = False) -> int:
     """Weight bytes a decode step must read: every projection and the LM head (the embedding lookup
-    touches a few rows only, so a tied embedding is not counted twice)."""
-    return sum(m.num_weight_params() for m in linear_layers(model)) * torch.empty(0, dtype=dtype).element_size()
+    touches a few rows only, so a tied embedding is not counted twice). `low_bit`: a few-row step of
+    a runner with low-bit copies reads those (data + scales) instead of the float weights."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    total = 0
+    for m in linear_layers(model):
+        qw = getattr(m, "qweight", None)
+        total += qw.nbytes() if low_bit and qw is not None else m.num_weight_params() * size
+    return total
 
 
 def prefill_flops(cfg: Any, model: torch.nn.Module, prompt_len: int, num_reqs: int = 1) -> float:

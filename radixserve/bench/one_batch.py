@@ -36,7 +36,7 @@ from radixserve.bench.roofline import measure_roofline
 from radixserve.bench.runner_driver import RunnerDriver
 from radixserve.bench.step_profile import profile_step
 from radixserve.layers.batch_invariant import batch_invariant_mode
-from radixserve.layers.linear import int8_rows_mode
+from radixserve.layers.linear import quant_rows_mode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler over one decode step at the smallest and largest batch")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quantization", default="none", choices=["none", "int8"],
-                   help="measure ServerArgs.quantization (int8: one-row steps on int8 weights)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="ServerArgs.quantization to measure (none = the exact float32 mode)")
+    p.add_argument("--disable-cpu-graph", action="store_true",
+                   help="decode layer by layer in Python (ServerArgs.disable_cpu_graph)")
     p.add_argument("--enable-deterministic-inference", action="store_true",
                    help="measure the batch-invariant mode (ServerArgs.enable_deterministic_inference)")
     p.add_argument("--json", default=None)
@@ -79,7 +81,7 @@ def make_runner(args: argparse.Namespace) -> Any:
     server_args = ServerArgs(
         model_path=args.model_path, max_total_tokens=args.max_total_tokens or needed_tokens(args),
         max_running_requests=max(args.batch_sizes) + 1, num_threads=args.threads, show_progress=False,
-        enable_deterministic_inference=args.enable_deterministic_inference, quantization=args.quantization,
+        enable_deterministic_inference=args.enable_deterministic_inference, quantization=args.quantization, disable_cpu_graph=args.disable_cpu_graph,
     )
     from radixserve.model_loader import get_model_config
 
@@ -179,7 +181,8 @@ def derive(result: dict[str, Any], runner: Any) -> None:
     result["decode_vs_prefill"] = ratios
     bw = []
     for ctx, d in sorted(by_ctx.items()):
-        b = model_cost.decode_bytes(cfg, model_cost.streamed_weight_bytes(runner.model, runner.dtype), 1, ctx, runner.dtype)
+        b = model_cost.decode_bytes(cfg, model_cost.streamed_weight_bytes(runner.model, runner.dtype, runner.quant_ops is not None), 1, ctx,
+                                   runner.dtype)
         achieved = b["total_bytes"] / d["decode_step_ms"] / 1e6
         bw.append({"context_len": ctx, **b, "decode_step_ms": d["decode_step_ms"],
                    "bound_ms": b["total_bytes"] / roof["bandwidth_gb_per_s"] / 1e6,
@@ -203,7 +206,7 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
         drv.release_all()
     measured = sorted({r["batch_size"] for r in result["decode"]})
     # the linears as this runner's forward runs them
-    with batch_invariant_mode(runner.deterministic), int8_rows_mode(runner.q8_ops):
+    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops):
         result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup)
                                  for bs in measured]
     derive(result, runner)

@@ -41,7 +41,12 @@ def json_body(model: type[BaseModel], response: type[BaseModel] | None = None, s
     content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{response.__name__}"}
                                                     if response else {}}}
     if stream:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        # one parsed server-sent event (OpenAPI 3.0/3.1 read `schema` as the per-event schema): `data` is
+        # a JSON chunk, or "[DONE]" on the OpenAI routes
+        content["text/event-stream"] = {"schema": {
+            "type": "object", "required": ["data"],
+            "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+        }}
     extra["responses"] = {"200": {"description": "Successful Response", "content": content}}
     return extra
 

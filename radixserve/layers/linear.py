@@ -33,22 +33,28 @@ from typing import Any
 
 from radixserve.distributed.parallel_state import ParallelState
 from radixserve.layers.batch_invariant import batch_invariant_enabled, tiled_rows
+from radixserve.layers.quantization.qweight import QuantWeight
 
 LINEAR_BACKENDS = ("auto", "torch", "onednn")
-Q8_BLOCK = 32  # the int8 kernel quantises activations in blocks of this many: K must be a multiple
 
-# --quantization int8: the C++ ops (torch.ops.radixserve_cpu) while a runner that asked for it runs a
-# forward; None otherwise. A context flag, not module state, so runners sharing weights never mix.
-_Q8_OPS: ContextVar[Any] = ContextVar("radixserve_int8_ops", default=None)
+# Steps of at most this many rows run on the low-bit copy (QuantWeight) when the runner enabled it.
+# Measured on the 2-core AVX2 dev machine with the default model (bench one-batch): the Q4_1 / Q8_0
+# kernels recompute every dot product per row, so their cost grows with the rows while oneDNN's float
+# GEMM at a few rows is bound by the (4-6x larger) weight stream; they cross near 4 rows.
+QUANT_MAX_ROWS = 4
+
+# torch.ops.radixserve_cpu while a runner that enabled low-bit weights runs a forward; None otherwise.
+# A context flag, not module state, so runners sharing weights never mix.
+_QUANT_OPS: ContextVar[Any] = ContextVar("radixserve_quant_ops", default=None)
 
 
 @contextmanager
-def int8_rows_mode(ops: Any) -> Iterator[None]:
-    token = _Q8_OPS.set(ops)
+def quant_rows_mode(ops: Any) -> Iterator[None]:
+    token = _QUANT_OPS.set(ops)
     try:
         yield
     finally:
-        _Q8_OPS.reset(token)
+        _QUANT_OPS.reset(token)
 
 
 def onednn_linear_available() -> bool:
@@ -73,21 +79,7 @@ class PackableLinear(nn.Module):
 
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
-    q8_weight: torch.Tensor | None = None  # --quantization int8: [out, in] int8
-    q8_scale: torch.Tensor | None = None  # [out, in / 32] float32: one scale per 32-block (as GGUF's Q8_0)
-
-    def quantize_int8(self, name: str) -> None:
-        """Keep an int8 copy of the (dense) weight, one scale per 32 weights of a row, for one-row steps."""
-        assert self.weight is not None, "quantize before packing"
-        out_f, in_f = self.weight.shape
-        if in_f % Q8_BLOCK:
-            raise ValueError(f"quantization int8: layer {name} has in_features {in_f} (weight {out_f}x{in_f}), "
-                             f"not a multiple of the kernel's {Q8_BLOCK}-wide activation blocks")
-        w = self.weight.detach().float().reshape(out_f, in_f // Q8_BLOCK, Q8_BLOCK)
-        scale = (w.abs().amax(dim=2) / 127.0).clamp(min=1e-12)
-        q = torch.round(w / scale[:, :, None]).clamp(-127, 127).to(torch.int8)
-        self.q8_weight = q.reshape(out_f, in_f).contiguous()
-        self.q8_scale = scale.contiguous()
+    qweight: QuantWeight | None = None  # the low-bit copy for few-row steps (layers/quantization/)
 
     def pack(self, release_dense: bool = True) -> None:
         """Reorder the weight into oneDNN's blocked layout (idempotent). `release_dense` frees the
@@ -101,12 +93,11 @@ class PackableLinear(nn.Module):
             self.weight = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        ops = _Q8_OPS.get()
-        if ops is not None and self.q8_weight is not None and x.dim() == 2 and x.shape[0] == 1:
-            # one row: int8 weights x int8 activations (measured 2-4x faster than float32 here; at two
-            # rows and more oneDNN's float32 GEMM is as fast, and exact)
-            out = x.new_empty(1, self.q8_weight.shape[0])
-            ops.int8_linear(x.contiguous(), self.q8_weight, self.q8_scale, bias, out)
+        ops = _QUANT_OPS.get()
+        qw = self.qweight
+        if ops is not None and qw is not None and x.dim() == 2 and x.shape[0] <= QUANT_MAX_ROWS:
+            out = x.new_empty(x.shape[0], qw.shape[0])
+            ops.quant_linear(x.contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, bias, out)
             return out
         if batch_invariant_enabled():  # deterministic inference: fixed-size row tiles
             return tiled_rows(lambda rows: self._gemm(rows, bias), x)
@@ -128,22 +119,14 @@ class PackableLinear(nn.Module):
 
 
 def model_weight_bytes(model: nn.Module) -> int:
-    """Bytes of every weight a forward reads: dense parameters plus packed copies (each counted once)."""
+    """Bytes of every weight held: dense parameters, packed copies and low-bit copies (each counted once)."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for mod in model.modules():
         if isinstance(mod, PackableLinear) and mod.packed is not None:
             total += mod.num_weight_params() * mod.packed.element_size()
+        if isinstance(mod, PackableLinear) and mod.qweight is not None:
+            total += mod.qweight.nbytes()
     return total
-
-
-def quantize_linear_weights(model: nn.Module) -> int:
-    """--quantization int8: give every PackableLinear its int8 copy (before packing); returns the count."""
-    count = 0
-    for name, mod in model.named_modules():
-        if isinstance(mod, PackableLinear) and mod.q8_weight is None:
-            mod.quantize_int8(name)
-            count += 1
-    return count
 
 
 def pack_linear_weights(model: nn.Module) -> int:

@@ -34,18 +34,19 @@ from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBack
 from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
 from radixserve.layers.linear import (
     PackableLinear,
-    int8_rows_mode,
     model_weight_bytes,
     pack_linear_weights,
-    quantize_linear_weights,
+    quant_rows_mode,
     resolve_linear_backend,
 )
+from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
-from radixserve.model_loader import get_model_config, iterate_weights
+from radixserve.model_loader import get_model_config, iterate_weights, model_kind
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
 
@@ -92,22 +93,44 @@ class ModelRunner:
         self.model_config = get_model_config(self.model_path, server_args.context_length)
         self.spec_algorithm = server_args.speculative_algorithm
         self.deterministic = server_args.enable_deterministic_inference
+        self.quantization = self._resolve_quantization()
         self._load_model(model)
         self._init_memory_pool()
         self.attn_backend = self._make_attn_backend()
-        self.q8_ops = self._int8_ops()
+        self.quant_ops = self._quant_ops()
+        self.cpu_graph_runner = CpuGraphRunner.maybe_create(self)
         self.sampler = Sampler()
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
 
     # ------------------------------------------------------------------ init
+    def _resolve_quantization(self) -> str:
+        """--quantization auto -> what this runner will do: the GGUF's own low-bit blocks on a CPU in
+        float32 with the C++ kernels, `none` everywhere else (HF folders, GPUs, deterministic mode)."""
+        mode = self.server_args.quantization
+        if mode != "auto":
+            return mode
+        if self.device.type != "cpu" or self.dtype != torch.float32 or self.deterministic:
+            return "none"
+        if model_kind(self.model_path) != "gguf":
+            return "none"
+        ops, reason = load_cpu_ops()
+        if ops is None:
+            logger.warning("quantization auto: no C++ CPU kernels here (%s); running float weights only",
+                           reason.splitlines()[0][:200] if reason else "unknown")
+            return "none"
+        return "auto"
+
     def _load_model(self, model: torch.nn.Module | None) -> None:
         t0 = time.perf_counter()
         self.linear_backend = resolve_linear_backend(self.server_args.linear_backend, self.device, self.dtype)
+        self.quant_report = QuantReport()
         if model is not None:
             self.model = model
-            if self.server_args.quantization == "int8" and not any(
-                    isinstance(m, PackableLinear) and m.q8_weight is not None for m in model.modules()):
-                raise ValueError("quantization int8: a shared model must have been loaded with quantization int8")
+            has_q = any(isinstance(m, PackableLinear) and m.qweight is not None for m in model.modules())
+            if self.quantization in ("int8", "int4") and not has_q:
+                raise ValueError(f"quantization {self.quantization}: a shared model must have been loaded with it")
+            if not has_q:
+                self.quantization = "none"
             if self.linear_backend == "onednn":
                 pack_linear_weights(model)  # idempotent: a shared model is packed once
             self.weight_bytes = model_weight_bytes(model)
@@ -116,20 +139,41 @@ class ModelRunner:
         self.model = cls(self.model_config, self.parallel_state).to(dtype=self.dtype)
         self.model.load_weights(iterate_weights(self.model_path))
         self.model.to(self.device).eval()
-        if self.server_args.quantization == "int8":
-            quantize_linear_weights(self.model)  # from the dense weights, before packing frees them
+        if self.quantization != "none":
+            self._quantize_model()  # from the dense weights, before packing frees them
         if self.linear_backend == "onednn":
             pack_linear_weights(self.model)
         self.weight_bytes = model_weight_bytes(self.model)
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
 
-    def _int8_ops(self) -> Any:
-        if self.server_args.quantization != "int8":
+    def _quantize_model(self) -> None:
+        if self.tp_size != 1:
+            raise ValueError(f"quantization {self.server_args.quantization}: low-bit weights support tp_size 1 "
+                             f"(got {self.tp_size}); use --quantization none")
+        blocks = None
+        if self.quantization == "auto":
+            from radixserve.model_loader.gguf import gguf_tensor_blocks
+
+            blocks = gguf_tensor_blocks(self.model_path)
+        sources = getattr(self.model, "checkpoint_sources", None)
+        if sources is None:
+            logger.warning("quantization: %s does not name its checkpoint sources; float weights only",
+                           type(self.model).__name__)
+            self.quantization = "none"
+            return
+        self.quant_report = quantize_model(self.model, self.quantization, sources, lambda m: m.weight, blocks)
+        if not self.quant_report.counts:
+            self.quantization = "none"  # e.g. an F16 / F32 GGUF: nothing to pack
+        logger.info("quantization %s: %s (%.0f MB low-bit copy)", self.server_args.quantization,
+                    self.quant_report.summary(), self.quant_report.bytes / 2**20)
+
+    def _quant_ops(self) -> Any:
+        if self.quantization == "none":
             return None
         ops, reason = load_cpu_ops()
-        if ops is None or not hasattr(ops, "int8_linear"):
-            raise RuntimeError(f"quantization int8 needs radixserve's C++ CPU kernels: {reason or 'int8_linear missing'}")
-        logger.info("quantization int8: one-row steps run int8 weights x int8 activations")
+        if ops is None or not hasattr(ops, "quant_linear"):
+            raise RuntimeError(f"quantization {self.quantization} needs radixserve's C++ CPU kernels: "
+                               f"{reason or 'quant_linear missing'}")
         return ops
 
     def _make_attn_backend(self) -> AttentionBackend:
@@ -214,7 +258,9 @@ class ModelRunner:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
-        with batch_invariant_mode(self.deterministic), int8_rows_mode(self.q8_ops):
+        with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops):
+            if self.cpu_graph_runner is not None and self.cpu_graph_runner.can_run(forward_batch):
+                return self.cpu_graph_runner.replay(forward_batch)
             return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     @torch.inference_mode()

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from radixserve.model_loader import gguf_cache
@@ -118,3 +119,36 @@ def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
         # Take the template straight from the file so it is exactly what the model was released with.
         tokenizer.chat_template = template
     return tokenizer
+
+
+def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
+    """`hf_name -> (ggml type name, raw block rows)` for every parameter of a GGUF file, read in place.
+
+    The rows are uint8 [out, bytes per row] views of the file's own blocks (q/k projections un-permuted
+    to HF order like the float weights; a row permutation moves whole rows of blocks, so it is exact),
+    for the low-bit formats `--quantization auto` packs without loss (Q8_0, Q4_0, Q4_1). Other types
+    map to (type name, None): the caller decides what to do with their float weights.
+    """
+    f = open_gguf(path)
+    arch = gguf_architecture(f)
+    cfg = gguf_hf_config(f)
+    out: dict[str, tuple[str, torch.Tensor | None]] = {}
+    for gguf_name, tensor in f.tensors.items():
+        hf_name = hf_parameter_name(gguf_name)
+        if hf_name is None:
+            continue
+        qtype = tensor.tensor_type.name
+        if qtype not in EXACT_BLOCK_TYPES or len(f.hf_shape(gguf_name)) != 2:
+            out[hf_name] = (qtype, None)
+            continue
+        # a copy: the memmap is read-only, and the kernels' layout is derived from these rows
+        rows = torch.from_numpy(np.array(tensor.data).reshape(f.hf_shape(gguf_name)[0], -1))
+        if arch in PERMUTED_QK_ARCHITECTURES:
+            heads = permuted_head_count(gguf_name, cfg["num_attention_heads"], cfg["num_key_value_heads"])
+            if heads is not None:
+                rows = unpermute_rows(rows, heads)
+        out[hf_name] = (qtype, rows)
+    return out
+
+
+EXACT_BLOCK_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1"})

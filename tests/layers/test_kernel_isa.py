@@ -44,12 +44,14 @@ torch.testing.assert_close(x, want, atol=1e-5, rtol=1e-5)
 g = torch.randn(4, 2 * 40); o = torch.empty(4, 40)
 ops.silu_and_mul(g, o)
 torch.testing.assert_close(o, F.silu(g[:, :40]) * g[:, 40:], atol=1e-5, rtol=1e-5)
-wq = torch.randint(-127, 128, (10, 64), dtype=torch.int8); ws = torch.rand(10, 2) / 100
-xx = torch.randn(1, 64); oo = torch.empty(1, 10)
-ops.int8_linear(xx, wq, ws, None, oo)
-xb = xx.reshape(2, 32); xs = xb.abs().amax(1, keepdim=True) / 127
-ref = (torch.round(xb / xs) * xs).reshape(1, 64) @ (wq.float().reshape(10, 2, 32) * ws[:, :, None]).reshape(10, 64).T
-torch.testing.assert_close(oo, ref, atol=1e-3, rtol=1e-4)
+from radixserve.layers.quantization.qweight import QuantWeight
+for kind in (0, 1):                          # Q8_0, Q4_1; 13 rows: a padded 8-row group too
+    qw = QuantWeight.quantize(torch.randn(13, 64), kind)
+    xx = torch.randn(2, 64); oo = torch.empty(2, 13)
+    ops.quant_linear(xx, kind, qw.n, qw.data, qw.d, qw.m, None, oo)
+    xb = xx.reshape(2, 2, 32); xs = xb.abs().amax(2, keepdim=True) / 127
+    ref = (torch.round(xb / xs) * xs).reshape(2, 64) @ qw.dequantize().T
+    torch.testing.assert_close(oo, ref, atol=1e-3, rtol=1e-4)
 print("ISA", loaded_isa())
 """
 

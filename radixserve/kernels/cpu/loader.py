@@ -3,7 +3,9 @@
     csrc/ops.cpp               every op's schema (torch.ops.radixserve_cpu.<name>)
     csrc/paged_attention.cpp   paged_attention, paged_attention_varlen
     csrc/decoder_glue.cpp      fused_add_rms_norm_, rope_, silu_and_mul
-    csrc/quant_linear.cpp      int8_linear (int8 weights x block-quantised int8 activations)
+    csrc/quant_linear.cpp      quant_linear (Q8_0 / Q4_1 weights x block-quantised int8 activations)
+    csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
+    csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h)
 
 The variant is chosen at run time from what *this* CPU reports (/proc/cpuinfo flags), never from
 what the build machine had: `avx512` (AVX-512 F/BW/VL/DQ), `avx2` (AVX2 + FMA) or `generic`
@@ -35,7 +37,10 @@ logger = logging.getLogger(__name__)
 
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "decoder_glue.cpp", "quant_linear.cpp")]
+SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "decoder_glue.cpp", "quant_linear.cpp",
+                                                  "decode_stack.cpp")]
+
+HEADERS = sorted(os.path.join(_CSRC, f) for f in os.listdir(_CSRC) if f.endswith(".h"))
 
 # best first: (name, CPU flags it needs, compiler flags)
 ISAS: list[tuple[str, frozenset[str], list[str]]] = [
@@ -93,7 +98,7 @@ def build_dir(isa: str) -> str:
     """One cache folder per (ISA, CPU model, torch version, sources): never a library from another
     machine, and two checkouts with different sources never rebuild over each other."""
     h = hashlib.sha1(f"{cpu_info()[1]}|{torch.__version__}".encode())
-    for path in SOURCES:
+    for path in SOURCES + HEADERS:
         with open(path, "rb") as f:
             h.update(f.read())
     key = h.hexdigest()[:10]

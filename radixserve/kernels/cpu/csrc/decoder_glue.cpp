@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace {
+#include "ops.h"
+
+namespace radixserve {
 
 // ---------------------------------------------------------------------------------------------
 // Decoder-layer glue. At batch 1 a 30-layer decode step ran ~60 small torch ops for the norms
@@ -105,10 +107,10 @@ void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
   });
 }
 
-}  // namespace
+}  // namespace radixserve
 
 TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
-  m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
-  m.impl("rope_", &rope_);
-  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("fused_add_rms_norm_", &radixserve::fused_add_rms_norm_);
+  m.impl("rope_", &radixserve::rope_);
+  m.impl("silu_and_mul", &radixserve::silu_and_mul);
 }

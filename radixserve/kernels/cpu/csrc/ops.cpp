@@ -1,5 +1,6 @@
 // Every native CPU op of radixserve, declared once: `torch.ops.radixserve_cpu.<name>`. One source per
-// op family implements them (paged_attention.cpp, decoder_glue.cpp, quant_linear.cpp); a new op is declared here and
+// op family implements them (paged_attention.cpp, decoder_glue.cpp, quant_linear.cpp;
+// decode_stack.cpp adds the DecodeStack class); a new op is declared here and
 // implemented in its family's file (or a new one, listed in loader.py's SOURCES).
 #include <torch/library.h>
 
@@ -11,5 +12,6 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!)? residual, Tensor weight, float eps) -> ()");
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
-  m.def("int8_linear(Tensor x, Tensor w, Tensor scale, Tensor? bias, Tensor(a!) out) -> ()");
+  // kind 0 = Q8_0, 1 = Q4_1 (with mins m), n output rows, in 8-row interleaved groups: layout in quant_linear.h
+  m.def("quant_linear(Tensor x, int kind, int n, Tensor data, Tensor d, Tensor? m, Tensor? bias, Tensor(a!) out) -> ()");
 }

@@ -30,6 +30,9 @@
 #include <utility>
 #include <vector>
 
+#include "ops.h"
+
+namespace radixserve {
 namespace {
 
 // Rows prefetched ahead of use: slots are scattered, so the hardware prefetcher cannot guess them.
@@ -198,6 +201,8 @@ inline bool row_scores(const float* qp, const float* kp, const int64_t* idx, int
   return rows_scores(qp + b * L * H * D, kp, idx, h, 0, L, len - L, H, G, D, row, len, scale, scores);
 }
 
+}  // namespace
+
 void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                      const at::Tensor& seq_lens, int64_t L, double scale, at::Tensor& out) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention: CPU tensors only");
@@ -303,6 +308,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // stride rounded to 16 floats, so even a compiler's alignment peeling treats every row alike.
 constexpr int64_t kRowBlock = 16;
 
+namespace {
 inline void softmax_weighted_row(float* s, int64_t visible, const float* vp, const int64_t* idx, int64_t row,
                                  int64_t off, int64_t D, float* acc, float* orow) {
   float m = s[0];
@@ -314,6 +320,8 @@ inline void softmax_weighted_row(float* s, int64_t visible, const float* vp, con
   weighted_sum(s, vp, idx, row, off, visible, D, acc);
   for (int64_t d = 0; d < D; ++d) orow[d] = acc[d] * inv;
 }
+
+}  // namespace
 
 void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                             const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens,
@@ -394,9 +402,9 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   });
 }
 
-}  // namespace
+}  // namespace radixserve
 
 TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
-  m.impl("paged_attention", &paged_attention);
-  m.impl("paged_attention_varlen", &paged_attention_varlen);
+  m.impl("paged_attention", &radixserve::paged_attention);
+  m.impl("paged_attention_varlen", &radixserve::paged_attention_varlen);
 }

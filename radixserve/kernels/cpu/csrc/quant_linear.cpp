@@ -1,109 +1,219 @@
-// Weight-only int8 linear for the few rows of a decode step (llama.cpp's Q8 x Q8 dot product).
-// Op schema: ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
+// Weight-only low-bit linear layers for the few rows of a decode step: Q8_0 / Q4_1 weights in 8-row
+// interleaved groups (layout in quant_linear.h) against block-quantised int8 activations. Op schema:
+// ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
 //
-//   out[M, N] = x[M, K] . w[N, K]^T + bias, w = int8 * scale[N, K / 32] (one scale per 32-block, as Q8_0)
-//
-// Each row of x is quantised to int8 on the fly in blocks of 32 (scale = max|x| / 127 per block),
-// and the dot products run on int8 pairs: AVX2's maddubs multiplies 32 byte pairs per instruction
-// (after moving x's sign onto w, since maddubs takes one unsigned operand), madd widens to int32.
-// A decode step at one row is bound by the weight bytes it streams; int8 weights are a quarter of
-// float32 ones, and the integer dot product keeps up with memory (measured on the 2-core AVX2 dev
-// machine, one row: 576x1536 in 18 us vs 79 us for oneDNN's packed float32 GEMM, the 49152x576 LM
-// head in 1.3 ms vs 4.3 ms).
+// A decode step at one row is bound by the weight bytes it streams (Q8_0 is ~27% of float32, Q4_1
+// ~16%) and, on a small CPU, by the integer work per weight. AVX2's maddubs multiplies 32 (unsigned,
+// signed) byte pairs into 16-bit sums and madd widens them to int32. In the interleaved layout each
+// 32-byte weight load meets one broadcast of 4 activation bytes, the 8 rows of a group accumulate in
+// the 8 lanes of one register, and the per-block scales of the 8 rows are one vector: no scalar
+// scale products and no horizontal sums (the row-major kernel spent as long on those as on the
+// products). Measured on the 2-core AVX2 dev machine, one row of 3072 x 576 Q4_1: see the README.
+#include "quant_linear.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <vector>
+#include <cstring>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 
+namespace radixserve {
+
 namespace {
 
-constexpr int64_t kBlock = 32;  // activation quantisation block (K must be a multiple)
-
-#if defined(__AVX2__) && defined(__FMA__)
-inline int32_t hsum_i32(__m256i v) {
-  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
-  return _mm_cvtsi128_si32(x);
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
 }
-#endif
 
-// sum over blocks b of xs[b] * ws[b] * dot_int8(x block b, w block b)
-inline float dot_q8(const int8_t* __restrict x, const float* __restrict xs, const int8_t* __restrict w,
-                    const float* __restrict ws, int64_t K) {
-  float acc = 0.f;
+// acc[0..8) (+)= sum over the blocks of group g of (one activation row) . (8 weight rows)
+void group_dot(const QMat& w, int64_t g, const int8_t* xq, const uint8_t* xa, const float* xd, const float* xs,
+               float* out8) {
+  const int64_t nb = w.K / kQBlock;
+  const float* dg = w.d + g * nb * kQRows;
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t k = 0, b = 0; k < K; k += kBlock, ++b) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k));
-    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
-    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv)), ones);
-    acc += xs[b] * ws[b] * static_cast<float>(hsum_i32(p));
+  __m256 acc = _mm256_setzero_ps();
+  if (w.kind == QKind::Q8_0) {
+    const int8_t* wg = static_cast<const int8_t*>(w.data) + g * nb * 256;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int8_t* wb = wg + b * 256;
+      const int8_t* xb = xq + b * kQBlock;
+      const uint8_t* ab = xa + b * kQBlock;
+      __m256i s32 = _mm256_setzero_si256();
+      for (int t = 0; t < 8; t += 2) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32 + 32));
+        const __m256i x0 = _mm256_set1_epi32(load_i32(xb + 4 * t)), x1 = _mm256_set1_epi32(load_i32(xb + 4 * t + 4));
+        const __m256i a0 = _mm256_set1_epi32(load_i32(ab + 4 * t)), a1 = _mm256_set1_epi32(load_i32(ab + 4 * t + 4));
+        // |x| (unsigned) x sign(w, x): the same products as x . w. A pair sum reaches 2 * 127^2, so
+        // each step widens to int32 on its own (two would overflow int16)
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, x0)), ones);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, x1)), ones);
+        s32 = _mm256_add_epi32(s32, _mm256_add_epi32(p0, p1));
+      }
+      const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(dg + b * kQRows), _mm256_set1_ps(xd[b]));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), scale, acc);
+    }
+  } else {
+    const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * 128;
+    const float* mg = w.m + g * nb * kQRows;
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* wb = wg + b * 128;
+      const int8_t* xb = xq + b * kQBlock;
+      __m256i s32 = _mm256_setzero_si256();
+      for (int t = 0; t < 4; ++t) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
+        const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        const __m256i x0 = _mm256_set1_epi32(load_i32(xb + 8 * t)), x1 = _mm256_set1_epi32(load_i32(xb + 8 * t + 4));
+        // nibbles are unsigned already; 2 x 2 products of <= 15 * 127 fit int16
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+      }
+      const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(dg + b * kQRows), _mm256_set1_ps(xd[b]));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), scale, acc);
+      accm = _mm256_fmadd_ps(_mm256_loadu_ps(mg + b * kQRows), _mm256_set1_ps(xs[b]), accm);
+    }
+    acc = _mm256_add_ps(acc, accm);
   }
+  _mm256_storeu_ps(out8, acc);
+  (void)xa;
 #else
-  for (int64_t k = 0, b = 0; k < K; k += kBlock, ++b) {
-    int32_t s = 0;
-    for (int64_t j = 0; j < kBlock; ++j) s += static_cast<int32_t>(x[k + j]) * static_cast<int32_t>(w[k + j]);
-    acc += xs[b] * ws[b] * static_cast<float>(s);
+  float acc[kQRows] = {0.f};
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t s[kQRows] = {0};
+    if (w.kind == QKind::Q8_0) {
+      const int8_t* wb = static_cast<const int8_t*>(w.data) + (g * nb + b) * 256;
+      for (int t = 0; t < 8; ++t)
+        for (int i = 0; i < kQRows; ++i)
+          for (int c = 0; c < 4; ++c) s[i] += int32_t(wb[t * 32 + i * 4 + c]) * int32_t(xq[b * kQBlock + 4 * t + c]);
+    } else {
+      const uint8_t* wb = static_cast<const uint8_t*>(w.data) + (g * nb + b) * 128;
+      for (int t = 0; t < 4; ++t)
+        for (int i = 0; i < kQRows; ++i)
+          for (int c = 0; c < 4; ++c) {
+            const uint8_t byte = wb[t * 32 + i * 4 + c];
+            s[i] += int32_t(byte & 0x0F) * int32_t(xq[b * kQBlock + 8 * t + c]) +
+                    int32_t(byte >> 4) * int32_t(xq[b * kQBlock + 8 * t + 4 + c]);
+          }
+    }
+    for (int i = 0; i < kQRows; ++i) {
+      acc[i] += static_cast<float>(s[i]) * dg[b * kQRows + i] * xd[b];
+      if (w.kind == QKind::Q4_1) acc[i] += w.m[(g * nb + b) * kQRows + i] * xs[b];
+    }
   }
+  for (int i = 0; i < kQRows; ++i) out8[i] = acc[i];
+  (void)xa;
 #endif
-  return acc;
 }
 
-void int8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
-                 const c10::optional<at::Tensor>& bias, at::Tensor& out) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "int8_linear: x must be float32 [M, K]");
-  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1),
-              "int8_linear: w must be int8 [N, K] matching x");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(K % kBlock == 0, "int8_linear: K (", K, ") must be a multiple of ", kBlock);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 &&
-                  scale.size(0) == N && scale.size(1) == K / kBlock,
-              "int8_linear: scale must be float32 [N, K / 32]");
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M && out.size(1) == N,
-              "int8_linear: out must be float32 [M, N]");
-  const float* bp = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
-                "int8_linear: bias must be float32 [N]");
-    bp = bias->data_ptr<float>();
+}  // namespace
+
+QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& data, const at::Tensor& d,
+                       const at::Tensor& m, const char* what) {
+  QMat w;
+  TORCH_CHECK(kind == 0 || kind == 1, what, ": unknown weight kind ", kind, " (0 = Q8_0, 1 = Q4_1)");
+  TORCH_CHECK(N > 0 && K > 0 && K % kQBlock == 0, what, ": K (", K, ") must be a positive multiple of 32");
+  w.kind = static_cast<QKind>(kind);
+  w.N = N, w.K = K, w.G = (N + kQRows - 1) / kQRows;
+  const int64_t nb = K / kQBlock;
+  const int64_t per_block = w.kind == QKind::Q8_0 ? 256 : 128;
+  TORCH_CHECK(data.is_contiguous() && data.numel() == w.G * nb * per_block &&
+                  data.scalar_type() == (w.kind == QKind::Q8_0 ? at::kChar : at::kByte),
+              what, ": data must be ", w.kind == QKind::Q8_0 ? "int8" : "uint8", " with ", w.G * nb * per_block,
+              " elements (8-row groups of ", N, " x ", K, ")");
+  TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kFloat && d.numel() == w.G * nb * kQRows, what,
+              ": scales must be float32 [groups, blocks * 8]");
+  if (w.kind == QKind::Q4_1) {
+    TORCH_CHECK(m.is_contiguous() && m.scalar_type() == at::kFloat && m.numel() == d.numel(), what,
+                ": Q4_1 mins must be float32 like the scales");
+    w.m = m.data_ptr<float>();
   }
-  // quantise the activations: [M, K] int8 + [M, K / 32] scales
-  const int64_t nb = K / kBlock;
-  std::vector<int8_t> xq(static_cast<size_t>(M * K));
-  std::vector<float> xs(static_cast<size_t>(M * nb));
-  const float* xp = x.data_ptr<float>();
-  for (int64_t i = 0; i < M * nb; ++i) {
-    const float* src = xp + i * kBlock;
-    float amax = 0.f;
-    for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(src[j]));
-    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-    xs[i] = d;
-    for (int64_t j = 0; j < kBlock; ++j) xq[i * kBlock + j] = static_cast<int8_t>(std::nearbyint(src[j] * inv));
+  w.data = data.data_ptr();
+  w.d = d.data_ptr<float>();
+  return w;
+}
+
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRows& a) {
+  const int64_t nb = K / kQBlock;
+  a.M = M, a.K = K;
+  a.q.resize(static_cast<size_t>(M * K));
+  a.aq.resize(static_cast<size_t>(M * K));
+  a.d.resize(static_cast<size_t>(M * nb));
+  a.s.resize(static_cast<size_t>(M * nb));
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* src = x + r * ldx + b * kQBlock;
+      float amax = 0.f;
+#pragma omp simd reduction(max : amax)
+      for (int64_t j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(src[j]));
+      const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+      int8_t* dst = a.q.data() + r * K + b * kQBlock;
+      uint8_t* adst = a.aq.data() + r * K + b * kQBlock;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kQBlock; ++j) {
+        const int32_t q = static_cast<int32_t>(std::nearbyint(src[j] * inv));
+        dst[j] = static_cast<int8_t>(q);
+        adst[j] = static_cast<uint8_t>(q < 0 ? -q : q);
+        sum += q;
+      }
+      a.d[r * nb + b] = d;
+      a.s[r * nb + b] = d * static_cast<float>(sum);
+    }
   }
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const float* sp = scale.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t m = 0; m < M; ++m) {
-      const int8_t* xr = xq.data() + m * K;
-      const float* xsr = xs.data() + m * nb;
-      for (int64_t n = n0; n < n1; ++n) {
-        op[m * N + n] = dot_q8(xr, xsr, wp + n * K, sp + n * nb, K) + (bp != nullptr ? bp[n] : 0.f);
+}
+
+void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo) {
+  TORCH_CHECK(a.K == w.K, "qgemm: activations have K ", a.K, ", weights ", w.K);
+  const int64_t nb = w.K / kQBlock, M = a.M, K = w.K;
+  // A group's weights (nb * 128 or 256 bytes) stay in L1 while every activation row meets them.
+  at::parallel_for(0, w.G, 4, [&](int64_t g0, int64_t g1) {
+    float tmp[kQRows];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n0 = g * kQRows, rows = std::min(kQRows, w.N - n0);
+      for (int64_t r = 0; r < M; ++r) {
+        group_dot(w, g, a.q.data() + r * K, a.aq.data() + r * K, a.d.data() + r * nb, a.s.data() + r * nb, tmp);
+        float* o = out + r * ldo + n0;
+        for (int64_t i = 0; i < rows; ++i) o[i] = tmp[i] + (bias != nullptr ? bias[n0 + i] : 0.f);
       }
     }
   });
 }
 
+namespace {
+
+void quant_linear_op(const at::Tensor& x, int64_t kind, int64_t n, const at::Tensor& data, const at::Tensor& d,
+                     const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
+  TORCH_CHECK(kind != 1 || m.has_value(), "quant_linear: Q4_1 needs its mins");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "quant_linear: x must be float32 [M, K] contiguous");
+  const QMat w = qmat_from_tensors(kind, n, x.size(1), data, d, m.has_value() ? *m : d, "quant_linear");
+  const int64_t M = x.size(0);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == M &&
+                  out.size(1) == w.N,
+              "quant_linear: out must be float32 [M, N]");
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == w.N,
+                "quant_linear: bias must be float32 [N]");
+    bp = bias->data_ptr<float>();
+  }
+  thread_local Q8ActRows act;
+  quantize_rows_q8(x.data_ptr<float>(), M, w.K, w.K, act);
+  qgemm(w, act, bp, out.data_ptr<float>(), w.N);
+}
+
 }  // namespace
+}  // namespace radixserve
 
 TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
-  m.impl("int8_linear", &int8_linear);
+  m.impl("quant_linear", &radixserve::quant_linear_op);
 }

@@ -1,0 +1,99 @@
+"""bench peer: radixserve against llama.cpp on the same GGUF, same threads, in one run, as ratios.
+
+llama.cpp is measured by its own `llama-bench` (a binary given by path: build it with
+../shared/peers/build_llamacpp.sh, or any llama.cpp build; it is never a runtime dependency) on the
+figures it defines: pp512 (prefill of 512 tokens) and tg128 (128 generated tokens from an empty
+context). radixserve is measured through the real ModelRunner (bench one-batch) on the same figures:
+a 512-token PREFILL and batch-1 DECODE steps at context 128 (the far end of tg128's contexts, so the
+comparison does not favour radixserve), once per requested format (--formats exact,auto,int8,int4;
+exact = --quantization none). Both sides run one after the other with nothing else in between.
+
+    radixserve bench peer --llama-bench /tmp/peer/llama.cpp/build/bin/llama-bench --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from typing import Any
+
+from radixserve.bench import one_batch
+from radixserve.bench.common import print_table, write_json
+
+FORMATS = {"exact": "none", "auto": "auto", "int8": "int8", "int4": "int4"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixserve bench peer", description=__doc__.split("\n")[0])
+    p.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench binary")
+    p.add_argument("--model-path", default=None, help="GGUF file (default: the embedded SmolLM2-135M Q4_1)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--formats", default="exact,auto", help=f"comma-separated, of {', '.join(FORMATS)}")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--gen-len", type=int, default=128)
+    p.add_argument("--context-len", type=int, default=128, help="context of radixserve's batch-1 decode steps")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", default=None)
+    return p
+
+
+def llama_bench(binary: str, gguf: str, threads: int, prompt_len: int, gen_len: int) -> dict[str, float]:
+    """{"pp": tokens/s, "tg": tokens/s} from `llama-bench -o json`."""
+    if not os.access(binary, os.X_OK):
+        raise SystemExit(f"--llama-bench {binary}: not an executable file")
+    cmd = [binary, "-m", gguf, "-t", str(threads), "-p", str(prompt_len), "-n", str(gen_len), "-r", "3", "-o", "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"llama-bench failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    rows = json.loads(proc.stdout)
+    out: dict[str, float] = {}
+    for r in rows:
+        key = "pp" if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0 else "tg"
+        out[key] = float(r["avg_ts"])
+    out["build"] = rows[0].get("build_commit", "?") if rows else "?"  # type: ignore[assignment]
+    return out
+
+
+def radixserve_figures(fmt: str, args: argparse.Namespace) -> dict[str, float]:
+    ns = one_batch.build_parser().parse_args([])
+    ns.model_path, ns.threads, ns.quantization = args.model_path, args.threads, FORMATS[fmt]
+    ns.prefill_lens, ns.batch_sizes, ns.context_lens = [args.prompt_len], [1], [args.context_len]
+    ns.repeats, ns.warmup = args.repeats, 2
+    ns.roofline_rows, ns.roofline_min_time = [1, 512], 0.1
+    runner = one_batch.make_runner(ns)
+    res = one_batch.run(runner, ns)
+    pf = res["prefill"][0]
+    dec = next(r for r in res["decode"] if r["batch_size"] == 1)
+    bw = res["batch1_decode_bandwidth"][0]
+    return {"pp": pf["tokens_per_s"], "tg": dec["tokens_per_s"], "prefill_fraction_of_peak_flops": pf["fraction_of_peak_flops"],
+            "decode_fraction_of_bandwidth": bw["fraction_of_bandwidth"], "decode_step_ms": dec["decode_step_ms"]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise SystemExit(f"--formats: unknown {bad}; choose from {list(FORMATS)}")
+    from radixserve.model_loader import default_model_path
+
+    gguf = args.model_path or default_model_path()
+    peer = llama_bench(args.llama_bench, gguf, args.threads, args.prompt_len, args.gen_len)
+    ours = {fmt: radixserve_figures(fmt, args) for fmt in formats}
+    rows = []
+    for key, label in (("pp", f"prefill {args.prompt_len} (tok/s)"), ("tg", f"batch-1 decode (tok/s; llama.cpp tg{args.gen_len})")):
+        row: dict[str, Any] = {"figure": label, "llama.cpp": round(peer[key], 1)}
+        for fmt in formats:
+            row[f"radixserve {fmt}"] = round(ours[fmt][key], 1)
+            row[f"{fmt} / llama.cpp"] = round(ours[fmt][key] / peer[key], 2)
+        rows.append(row)
+    from radixserve.bench.common import machine_info
+
+    print(f"model {gguf}  |  threads {args.threads}  |  llama.cpp build {peer['build']}  |  {machine_info('cpu')}")
+    print_table(rows)
+    result = {"model": gguf, "threads": args.threads, "llama_cpp": peer, "radixserve": ours, "table": rows}
+    if args.json:
+        write_json(args.json, result)
+    return result

@@ -1,0 +1,165 @@
+// The whole decoder stack of a Llama-family model for the few rows of a DECODE step, as one native
+// call: radixserve's CPU counterpart of a captured CUDA graph (model_executor/cpu_graph_runner.py
+// builds it once and replays it each step). Python stays the source of truth for the model: this
+// object holds views of the same weights, norms, RoPE caches and KV pool, and runs the same ops
+// (ops.h, quant_linear.h) in the same order as LlamaDecoderLayer.forward with low-bit weights.
+//
+// Why: at batch 1 the per-layer Python path dispatches ~12 torch ops per layer (views, splits, the
+// KV write, norms, RoPE, attention, four linears), each with its allocation and OpenMP region;
+// that overhead was ~12 ms of a ~20 ms step on the 2-core dev machine while the int8 linears took
+// ~7.6 ms. Here a step allocates nothing after the first and crosses into Python once.
+//
+// Per layer l (weights of kind Q8_0 or Q4_1, see quant_linear.h):
+//   x, residual = add_rms_norm(x, residual, in_norm)      (layer 0: residual = x, x = rms_norm(x))
+//   qkv = x . Wqkv^T (+ bias);  RoPE on the q and k heads;  k, v -> KV pool rows out_loc
+//   a = paged_attention(q, pool, kv_idx, seq_lens);  x = a . Wo^T
+//   x, residual = add_rms_norm(x, residual, post_norm);   x = down(silu(gate) * up)
+// then x = add_rms_norm(x, residual, final_norm) is returned (the LM head stays in Python).
+#include <ATen/Parallel.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+#include "quant_linear.h"
+
+namespace radixserve {
+namespace {
+
+struct StackLayer {
+  at::Tensor in_norm, post_norm, qkv_bias, k_buf, v_buf;
+  std::vector<at::Tensor> keep;  // owns the weight tensors the QMats point into
+  QMat qkv, o, gate_up, down;
+};
+
+class DecodeStack : public torch::CustomClassHolder {
+ public:
+  DecodeStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
+              double scale, at::Tensor cos_cache, at::Tensor sin_cache, at::Tensor final_norm)
+      : H_(hidden), Hq_(heads), Hkv_(kv_heads), D_(head_dim), I_(intermediate), eps_(eps), scale_(scale),
+        cos_(std::move(cos_cache)), sin_(std::move(sin_cache)), final_norm_(std::move(final_norm)) {
+    TORCH_CHECK(H_ > 0 && Hq_ > 0 && Hkv_ > 0 && Hq_ % Hkv_ == 0 && D_ > 0 && D_ % 2 == 0 && I_ > 0,
+                "DecodeStack: bad dimensions");
+    check_vec(final_norm_, H_, "final_norm");
+  }
+
+  // t = [in_norm, post_norm, qkv_bias (empty = none), k_buf, v_buf,
+  //      qkv data, d, m, o data, d, m, gate_up data, d, m, down data, d, m]  (m empty for Q8_0)
+  // kinds = [qkv, o, gate_up, down] (0 = Q8_0, 1 = Q4_1); shapes follow from the model's dimensions
+  void add_layer(std::vector<at::Tensor> t, std::vector<int64_t> kinds) {
+    TORCH_CHECK(t.size() == 17 && kinds.size() == 4, "DecodeStack.add_layer: 17 tensors and 4 kinds");
+    StackLayer L;
+    L.in_norm = t[0], L.post_norm = t[1], L.qkv_bias = t[2], L.k_buf = t[3], L.v_buf = t[4];
+    check_vec(L.in_norm, H_, "in_norm");
+    check_vec(L.post_norm, H_, "post_norm");
+    const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
+    if (L.qkv_bias.numel() > 0) check_vec(L.qkv_bias, qkv_n, "qkv_bias");
+    for (const at::Tensor* kv : {&L.k_buf, &L.v_buf}) {
+      TORCH_CHECK(kv->scalar_type() == at::kFloat && kv->is_contiguous() && kv->dim() == 3 && kv->size(1) == Hkv_ &&
+                      kv->size(2) == D_,
+                  "DecodeStack.add_layer: KV buffers must be float32 [slots, kv_heads, head_dim]");
+    }
+    L.keep.assign(t.begin() + 5, t.end());
+    L.qkv = qmat_from_tensors(kinds[0], qkv_n, H_, t[5], t[6], t[7], "DecodeStack qkv_proj");
+    L.o = qmat_from_tensors(kinds[1], H_, Hq_ * D_, t[8], t[9], t[10], "DecodeStack o_proj");
+    L.gate_up = qmat_from_tensors(kinds[2], 2 * I_, H_, t[11], t[12], t[13], "DecodeStack gate_up_proj");
+    L.down = qmat_from_tensors(kinds[3], H_, I_, t[14], t[15], t[16], "DecodeStack down_proj");
+    layers_.push_back(std::move(L));
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // x [M, hidden] (the embeddings; not modified), positions / out_loc [M] int64,
+  // kv_idx [M, max_len] int64 slot table, seq_lens [M] int64 (this step's token included).
+  at::Tensor forward(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
+                     const at::Tensor& kv_idx, const at::Tensor& seq_lens) {
+    TORCH_CHECK(!layers_.empty(), "DecodeStack: no layers");
+    TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == H_,
+                "DecodeStack: x must be float32 [M, hidden]");
+    const int64_t M = x_in.size(0);
+    TORCH_CHECK(out_loc.scalar_type() == at::kLong && out_loc.is_contiguous() && out_loc.numel() == M,
+                "DecodeStack: out_loc must be int64 [M]");
+    TORCH_CHECK(kv_idx.dim() == 2 && kv_idx.size(0) == M, "DecodeStack: kv_idx must be [M, max_len]");
+    const int64_t slots = layers_[0].k_buf.size(0);
+    const int64_t* loc = out_loc.data_ptr<int64_t>();
+    for (int64_t i = 0; i < M; ++i) {
+      TORCH_CHECK(loc[i] >= 0 && loc[i] < slots, "DecodeStack: out_loc ", loc[i], " outside the pool of ", slots);
+    }
+    const auto f32 = x_in.options();
+    const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
+    at::Tensor x = x_in.contiguous().clone();  // the returned hidden state
+    at::Tensor residual = at::empty({M, H_}, f32);
+    at::Tensor qkv = at::empty({M, qkv_n}, f32);
+    at::Tensor q = at::empty({M, Hq_, D_}, f32);
+    at::Tensor attn = at::empty({M, Hq_, D_}, f32);
+    at::Tensor gu = at::empty({M, 2 * I_}, f32);
+    at::Tensor act = at::empty({M, I_}, f32);
+    // q and k heads are adjacent in each qkv row: one RoPE pass over [M, Hq + Hkv, D] with row stride qkv_n
+    at::Tensor qk = qkv.as_strided({M, Hq_ + Hkv_, D_}, {qkv_n, D_, 1});
+    const c10::optional<at::Tensor> no_residual;
+    const c10::optional<at::Tensor> with_residual(residual);
+    float* xp = x.data_ptr<float>();
+    float* qkvp = qkv.data_ptr<float>();
+    const int64_t kv_row = Hkv_ * D_;
+
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      StackLayer& L = layers_[l];
+      if (l == 0) {
+        residual.copy_(x);
+        fused_add_rms_norm_(x, no_residual, L.in_norm, eps_);
+      } else {
+        fused_add_rms_norm_(x, with_residual, L.in_norm, eps_);
+      }
+      quantize_rows_q8(xp, M, H_, H_, act_q_);
+      qgemm(L.qkv, act_q_, L.qkv_bias.numel() > 0 ? L.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
+      rope_(qk, positions, cos_, sin_);
+      float* kp = L.k_buf.data_ptr<float>();
+      float* vp = L.v_buf.data_ptr<float>();
+      float* qp = q.data_ptr<float>();
+      for (int64_t i = 0; i < M; ++i) {
+        const float* row = qkvp + i * qkv_n;
+        std::memcpy(qp + i * Hq_ * D_, row, sizeof(float) * Hq_ * D_);
+        std::memcpy(kp + loc[i] * kv_row, row + Hq_ * D_, sizeof(float) * kv_row);
+        std::memcpy(vp + loc[i] * kv_row, row + (Hq_ + Hkv_) * D_, sizeof(float) * kv_row);
+      }
+      paged_attention(q, L.k_buf, L.v_buf, kv_idx, seq_lens, 1, scale_, attn);
+      quantize_rows_q8(attn.data_ptr<float>(), M, Hq_ * D_, Hq_ * D_, act_q_);
+      qgemm(L.o, act_q_, nullptr, xp, H_);
+      fused_add_rms_norm_(x, with_residual, L.post_norm, eps_);
+      quantize_rows_q8(xp, M, H_, H_, act_q_);
+      qgemm(L.gate_up, act_q_, nullptr, gu.data_ptr<float>(), 2 * I_);
+      silu_and_mul(gu, act);
+      quantize_rows_q8(act.data_ptr<float>(), M, I_, I_, act_q_);
+      qgemm(L.down, act_q_, nullptr, xp, H_);
+    }
+    fused_add_rms_norm_(x, with_residual, final_norm_, eps_);
+    return x;
+  }
+
+ private:
+  static void check_vec(const at::Tensor& t, int64_t n, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 1 && t.numel() == n,
+                "DecodeStack: ", what, " must be float32 [", n, "]");
+  }
+
+  int64_t H_, Hq_, Hkv_, D_, I_;
+  double eps_, scale_;
+  at::Tensor cos_, sin_, final_norm_;
+  std::vector<StackLayer> layers_;
+  Q8ActRows act_q_;
+};
+
+}  // namespace
+}  // namespace radixserve
+
+TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
+  m.class_<radixserve::DecodeStack>("DecodeStack")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor,
+                       at::Tensor>())
+      .def("add_layer", &radixserve::DecodeStack::add_layer)
+      .def("num_layers", &radixserve::DecodeStack::num_layers)
+      .def("forward", &radixserve::DecodeStack::forward);
+}

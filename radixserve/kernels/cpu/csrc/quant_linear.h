@@ -1,0 +1,59 @@
+// Low-bit weight x int8 activation matrix-vector products for the few rows of a decode step, shared
+// by the quant_linear op (quant_linear.cpp) and the fused decode stack (decode_stack.cpp).
+//
+// Weights come in blocks of 32 along K (b = k / 32), as GGUF's Q8_0 and Q4_1:
+//   Q8_0  w = d * q,      q in -127..127
+//   Q4_1  w = d * q + m,  q in 0..15
+// and are stored with 8 output rows interleaved (rows padded with zeros to a multiple of 8; G groups):
+//   Q8_0  data int8  [G, nb * 256]: group g, block b, quarter t < 8, row i < 8, byte c < 4 = element 4t + c
+//   Q4_1  data uint8 [G, nb * 128]: group g, block b, quarter t < 4, row i < 8, byte c < 4 holds element
+//         8t + c (low nibble) and element 8t + 4 + c (high nibble)
+//   d, m  float32 [G, nb * 8]: group g, block b, row i
+// so one 32-byte load holds 4 (Q8_0) or 8 (Q4_1) elements of 8 rows, the 4 activation bytes they
+// meet are one broadcast, and the 8 rows' scales are one vector load: a group's 8 dot products run
+// side by side in the lanes of one register and are stored without any horizontal reduction.
+// layers/quantization/qweight.py builds this layout (and is the reference of what it means).
+//
+// The activations are quantised per row in the same 32-blocks (Q8ActRows): int8 q, |q|, the scale d
+// and s = d * sum(q) (the Q4_1 min term).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace radixserve {
+
+constexpr int64_t kQBlock = 32;
+constexpr int64_t kQRows = 8;  // rows interleaved per group
+
+enum class QKind : int64_t { Q8_0 = 0, Q4_1 = 1 };
+
+struct QMat {
+  QKind kind = QKind::Q8_0;
+  const void* data = nullptr;
+  const float* d = nullptr;
+  const float* m = nullptr;  // Q4_1 only
+  int64_t N = 0, K = 0, G = 0;
+};
+
+// Validates the tensors (shapes, dtypes, contiguity) against N x K and views them as a QMat;
+// `m` is ignored for Q8_0.
+QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& data, const at::Tensor& d,
+                       const at::Tensor& m, const char* what);
+
+struct Q8ActRows {
+  std::vector<int8_t> q;
+  std::vector<uint8_t> aq;  // |q|
+  std::vector<float> d, s;
+  int64_t M = 0, K = 0;
+};
+
+// Quantise x [M, K] (row stride ldx floats) into `a` (buffers reused across calls).
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRows& a);
+
+// out [M, N] (row stride ldo) = dequant(W) . x^T (+ bias[N] when not null), parallel over row groups.
+void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo);
+
+}  // namespace radixserve

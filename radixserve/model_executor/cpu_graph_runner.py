@@ -1,0 +1,122 @@
+"""CpuGraphRunner: DECODE steps of a few rows through one native call, the CPU's CUDA graph.
+
+SGLang captures the decode step of each batch-size bucket as a CUDA graph so a step costs one launch
+instead of hundreds. On a CPU the waste is the same in kind: at batch 1 the per-layer Python path
+dispatches ~12 torch ops per layer (views, splits, the KV write, norms, RoPE, attention, four
+linears), each with its own allocation and OpenMP fork/join, and that overhead was larger than the
+low-bit linears themselves (measured on the 2-core AVX2 dev machine: ~12 ms of a ~20 ms step).
+
+So when the runner has low-bit weights (--quantization auto / int8 / int4), the C++ kernels and the
+cpu_paged attention backend, this object binds a `torch.classes.radixserve_cpu.DecodeStack`
+(kernels/cpu/csrc/decode_stack.cpp) to the model's weights, norms, RoPE caches and KV pool once, and
+`replay(forward_batch)` runs the whole decoder stack for a DECODE step of <= QUANT_MAX_ROWS rows in
+that one call: the embedding lookup and the LM head stay in Python (the LM head through the same
+low-bit path as every other step). The stack computes exactly what the per-layer path computes with
+the same low-bit weights (same kernels in the same order; tests/model_executor/test_cpu_graph.py
+checks they agree bit for bit). `--disable-cpu-graph` turns it off.
+
+The runner decides *how* a step runs, never *who* runs: can_run() looks only at the ForwardBatch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
+from radixserve.layers.linear import QUANT_MAX_ROWS
+
+if TYPE_CHECKING:
+    from radixserve.layers.logits_processor import LogitsProcessorOutput
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
+    from radixserve.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_EMPTY = torch.empty(0)
+
+
+class CpuGraphRunner:
+    def __init__(self, runner: ModelRunner, stack: Any) -> None:
+        self.model = runner.model
+        self.stack = stack
+        self.max_rows = QUANT_MAX_ROWS
+        self.replays = 0
+
+    @classmethod
+    def maybe_create(cls, runner: ModelRunner) -> CpuGraphRunner | None:
+        why = cls._unsupported(runner)
+        if why is not None:
+            if runner.quant_ops is not None:
+                logger.info("cpu graph: off (%s); decode runs layer by layer", why)
+            return None
+        stack = cls._build_stack(runner)
+        logger.info("cpu graph: DECODE steps of <= %d rows run the whole decoder stack in one native call",
+                    QUANT_MAX_ROWS)
+        return cls(runner, stack)
+
+    @staticmethod
+    def _unsupported(runner: ModelRunner) -> str | None:
+        """None when this runner's model and backend can be bound to a DecodeStack, else why not."""
+        if runner.server_args.disable_cpu_graph:
+            return "--disable-cpu-graph"
+        if runner.quant_ops is None:
+            return "no low-bit weights"
+        if not isinstance(runner.attn_backend, CpuPagedAttnBackend):
+            return "needs the cpu_paged attention backend"
+        if not hasattr(torch.classes.radixserve_cpu, "DecodeStack"):
+            return "the loaded kernel library has no DecodeStack"
+        if runner.tp_size != 1:
+            return f"tp_size {runner.tp_size}"
+        inner = getattr(runner.model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if layers is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
+            return f"{type(runner.model).__name__} is not a Llama-style decoder"
+        for layer in layers:
+            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            projs = [getattr(attn, "qkv_proj", None), getattr(attn, "o_proj", None),
+                     getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)]
+            if any(p is None or p.qweight is None for p in projs):
+                return "a projection has no low-bit copy"
+            if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
+                return "o_proj / down_proj with a bias"
+        return None
+
+    @staticmethod
+    def _build_stack(runner: ModelRunner) -> Any:
+        cfg, inner = runner.model_config, runner.model.model
+        first = inner.layers[0].self_attn
+        stack = torch.classes.radixserve_cpu.DecodeStack(
+            cfg.hidden_size, first.qkv_proj.num_heads, first.qkv_proj.num_kv_heads, cfg.head_dim,
+            cfg.intermediate_size, float(inner.norm.eps), float(first.attn.scaling),
+            inner.rotary_emb.cos_cache, inner.rotary_emb.sin_cache, inner.norm.weight.data,
+        )
+        pool = runner.token_to_kv_pool
+        for i, layer in enumerate(inner.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            k_buf, v_buf = pool.get_kv_buffer(i)
+            bias = attn.qkv_proj.bias.data if attn.qkv_proj.bias is not None else _EMPTY
+            tensors = [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data, bias,
+                       k_buf, v_buf]
+            kinds = []
+            for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                qw = proj.qweight
+                tensors += [qw.data, qw.d, qw.m if qw.m is not None else _EMPTY]
+                kinds.append(qw.kind)
+            stack.add_layer(tensors, kinds)
+        return stack
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        md = fb.attn_metadata
+        return (fb.forward_mode.is_decode() and 1 <= fb.batch_size <= self.max_rows
+                and md is not None and md.batched is not None and md.batched.all_rows)
+
+    def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+        b = fb.attn_metadata.batched
+        model = self.model
+        x = model.model.embed_tokens(fb.input_ids)
+        hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens)
+        self.replays += 1
+        return model.logits_processor(hidden, model.lm_head, fb)

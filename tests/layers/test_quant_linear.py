@@ -1,0 +1,125 @@
+"""Low-bit weights (layers/quantization/, kernels/cpu/csrc/quant_linear.cpp): the Q8_0 / Q4_1 kernels
+against a float reference on random shapes, GGUF blocks converted without loss, the interleaved
+layout's round trip, the few-row dispatch, and bad shapes refused with the layer named."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixserve.kernels.cpu import load_cpu_ops
+from radixserve.layers.linear import QUANT_MAX_ROWS, PackableLinear, quant_rows_mode
+from radixserve.layers.quantization.qweight import QBLOCK, QKIND_Q4_1, QKIND_Q8_0, QuantRows, QuantWeight
+
+ops, why = load_cpu_ops()
+needs_kernels = pytest.mark.skipif(ops is None or not hasattr(ops, "quant_linear"), reason=f"no C++ kernels: {why}")
+
+
+def _act_reference(x: torch.Tensor) -> torch.Tensor:
+    """x after the kernels' activation quantisation (int8 per 32-block, scale max|x| / 127)."""
+    m, k = x.shape
+    xb = x.reshape(m, k // QBLOCK, QBLOCK)
+    d = xb.abs().amax(2, keepdim=True) / 127
+    return (torch.round(xb / d.clamp(min=1e-30)) * d).reshape(m, k)
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from([QKIND_Q8_0, QKIND_Q4_1]), n=st.integers(1, 70), blocks=st.integers(1, 12),
+       m=st.integers(1, 5), bias=st.booleans(), seed=st.integers(0, 1000))
+def test_kernel_matches_the_dequantised_reference(kind, n, blocks, m, bias, seed) -> None:
+    k = blocks * QBLOCK
+    g = torch.Generator().manual_seed(seed)
+    qw = QuantWeight.quantize(torch.randn(n, k, generator=g), kind)
+    x = torch.randn(m, k, generator=g) * 3
+    b = torch.randn(n, generator=g) if bias else None
+    out = torch.empty(m, n)
+    ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, b, out)
+    ref = _act_reference(x) @ qw.dequantize().T + (b if b is not None else 0)
+    torch.testing.assert_close(out, ref, atol=2e-3, rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from([QKIND_Q8_0, QKIND_Q4_1]), n=st.integers(1, 40), blocks=st.integers(1, 5),
+       seed=st.integers(0, 100))
+def test_interleaved_layout_round_trips(kind, n, blocks, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    rows = QuantRows.quantize(torch.randn(n, blocks * QBLOCK, generator=g), kind)
+    back = QuantWeight.from_rows(rows).to_rows()
+    assert torch.equal(back.q, rows.q) and torch.equal(back.d, rows.d)
+    assert (back.m is None) == (rows.m is None) and (rows.m is None or torch.equal(back.m, rows.m))
+
+
+@pytest.mark.parametrize("kind,bound", [(QKIND_Q8_0, 1 / 254), (QKIND_Q4_1, 1 / 30)])
+def test_quantisation_error_is_within_half_a_step(kind, bound) -> None:
+    w = torch.randn(64, 256)
+    rows = QuantRows.quantize(w, kind)
+    err = (rows.dequantize() - w).abs().reshape(64, -1, QBLOCK).amax(2)
+    span = w.reshape(64, -1, QBLOCK)
+    span = span.abs().amax(2) * 2 if kind == QKIND_Q8_0 else span.amax(2) - span.amin(2)
+    assert (err <= span * bound * 1.0001 + 1e-7).all()
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_blocks_convert_without_loss(qtype) -> None:
+    t = getattr(gguf.GGMLQuantizationType, qtype)
+    w = np.random.default_rng(0).standard_normal((24, 96)).astype(np.float32)
+    raw = gguf.quants.quantize(w, t)  # uint8 [24, bytes per row], the file's own encoding
+    want = torch.from_numpy(gguf.quants.dequantize(raw, t).reshape(24, 96).astype(np.float32))
+    rows = QuantRows.from_gguf_blocks(qtype, raw)
+    assert torch.equal(rows.dequantize(), want)
+    assert torch.equal(QuantWeight.from_rows(rows).dequantize(), want)
+
+
+def test_bad_shapes_are_refused_naming_the_layer() -> None:
+    with pytest.raises(ValueError, match=r"layer model.layers.0.mlp.down_proj .*8x48.*not a multiple of .*32"):
+        QuantWeight.quantize(torch.randn(8, 48), QKIND_Q4_1, "model.layers.0.mlp.down_proj")
+    with pytest.raises(ValueError, match="different kinds"):
+        QuantRows.cat([QuantRows.quantize(torch.randn(8, 32), QKIND_Q8_0),
+                       QuantRows.quantize(torch.randn(8, 32), QKIND_Q4_1)])
+
+
+@needs_kernels
+def test_kernel_refuses_mismatched_tensors() -> None:
+    qw = QuantWeight.quantize(torch.randn(16, 64), QKIND_Q4_1)
+    with pytest.raises(RuntimeError, match="elements"):  # data of a 16 x 64 matrix used as 16 x 96
+        ops.quant_linear(torch.randn(1, 96), qw.kind, qw.n, qw.data, qw.d, qw.m, None, torch.empty(1, 16))
+    with pytest.raises(RuntimeError, match="needs its mins"):
+        ops.quant_linear(torch.randn(1, 64), qw.kind, qw.n, qw.data, qw.d, None, None, torch.empty(1, 16))
+    with pytest.raises(RuntimeError, match="unknown weight kind"):
+        ops.quant_linear(torch.randn(1, 64), 7, qw.n, qw.data, qw.d, qw.m, None, torch.empty(1, 16))
+
+
+@needs_kernels
+def test_only_few_row_steps_take_the_low_bit_path() -> None:
+    lin = PackableLinear()
+    w = torch.randn(64, 128)
+    lin.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+    lin.qweight = QuantWeight.quantize(w, QKIND_Q4_1)
+    few, many = torch.randn(QUANT_MAX_ROWS, 128), torch.randn(QUANT_MAX_ROWS + 1, 128)
+    exact_few, exact_many = lin.matmul(few), lin.matmul(many)  # no mode: float32
+    torch.testing.assert_close(exact_few, few @ w.T)
+    with quant_rows_mode(ops):
+        q_few, q_many = lin.matmul(few), lin.matmul(many)
+    assert not torch.equal(q_few, exact_few)  # the low-bit kernel ran
+    assert ((q_few - exact_few).norm() / exact_few.norm()).item() < 0.15  # 4-bit weights: close, not equal
+    assert torch.equal(q_many, exact_many)  # more rows stay on the float32 path
+
+
+def test_server_args_bounds() -> None:
+    from radixserve.server_args import ServerArgs
+
+    for bad in ("int3", "", "AUTO", "q4_k" * 1000):
+        with pytest.raises(ValueError, match="quantization"):
+            ServerArgs(quantization=bad)
+    for mode in ("int8", "int4"):
+        with pytest.raises(ValueError, match="quantization"):
+            ServerArgs(quantization=mode, enable_deterministic_inference=True)
+        with pytest.raises(ValueError, match="quantization"):
+            ServerArgs(quantization=mode, dtype="bfloat16")
+    assert ServerArgs().quantization == "auto"
+    ServerArgs(quantization="auto", enable_deterministic_inference=True)  # auto resolves to none there
