@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 
 class CpuPagedAttnBackend(TorchNativeAttnBackend):
+    batched_mask = False  # the kernel sees keys 0 .. seq_len - L + i from seq_lens
+
     def __init__(self, device: torch.device, kernel: Callable[..., None]) -> None:
         super().__init__(device)
         self.kernel = kernel

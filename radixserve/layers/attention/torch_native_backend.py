@@ -34,7 +34,7 @@ class BatchedPart:
     token_idx: torch.Tensor  # [nb * L] rows of q/out belonging to these requests, request-major
     query_len: int  # L
     kv_indices: torch.Tensor  # [nb, max_len] int64, contiguous
-    mask: torch.Tensor  # [nb, 1, L, max_len] bool, True = attend
+    mask: torch.Tensor | None  # [nb, 1, L, max_len] bool, True = attend (None: the backend reads seq_lens)
     seq_lens: torch.Tensor  # [nb] int64: KV length of each request including this step's L tokens
     all_rows: bool  # token_idx covers every row of q in order (pure DECODE / TARGET_VERIFY)
 
@@ -54,6 +54,10 @@ class TorchNativeMetadata:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
+    # SDPA reads the batched part's mask; a backend whose kernel derives visibility from seq_lens
+    # sets this False, and the per-step metadata skips building it
+    batched_mask = True
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
@@ -86,16 +90,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         seq_lens = fb.seq_lens[rows_t]  # [nb]
         max_len = max(fb.seq_lens_cpu[i] for i in rows)
         kv_indices = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[rows_t], :max_len].contiguous()
-        key_pos = torch.arange(max_len, device=self.device)  # [max_len]
-        # query i of a request sits at position prefix_len + i = seq_len - L + i
-        q_pos = (seq_lens - q_len).unsqueeze(1) + torch.arange(q_len, device=self.device)  # [nb, L]
-        mask = key_pos.view(1, 1, max_len) <= q_pos.unsqueeze(-1)  # [nb, L, max_len]
+        mask = None
+        if self.batched_mask:
+            key_pos = torch.arange(max_len, device=self.device)  # [max_len]
+            # query i of a request sits at position prefix_len + i = seq_len - L + i
+            q_pos = (seq_lens - q_len).unsqueeze(1) + torch.arange(q_len, device=self.device)  # [nb, L]
+            mask = (key_pos.view(1, 1, max_len) <= q_pos.unsqueeze(-1)).unsqueeze(1)  # [nb, 1, L, max_len]
         token_idx = (torch.tensor([starts[i] for i in rows], device=self.device).unsqueeze(1)
                      + torch.arange(q_len, device=self.device)).reshape(-1)
         all_rows = len(rows) * q_len == fb.input_ids.shape[0] and starts[rows[0]] == 0 and all(
             starts[r] == j * q_len for j, r in enumerate(rows)
         )
-        return BatchedPart(token_idx, q_len, kv_indices, mask.unsqueeze(1), seq_lens.contiguous(), all_rows)
+        return BatchedPart(token_idx, q_len, kv_indices, mask, seq_lens.contiguous(), all_rows)
 
     def _ragged_item(self, fb: ForwardBatch, i: int, start: int) -> RaggedItem:
         ext, pre = fb.extend_seq_lens_cpu[i], fb.extend_prefix_lens_cpu[i]

@@ -1,0 +1,43 @@
+"""bench peer / bench accuracy at tiny sizes: they run, print their tables and refuse bad arguments.
+(llama-bench itself is not installed in CI: the peer's own measurement runs only by hand.)"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from radixserve.bench import accuracy, peer
+
+
+def test_peer_refuses_a_missing_or_failing_binary(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="not an executable"):
+        peer.main(["--llama-bench", str(tmp_path / "nope")])
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(SystemExit, match=r"llama-bench failed \(3\): broken"):
+        peer.main(["--llama-bench", str(fake)])
+    with pytest.raises(SystemExit, match="unknown"):
+        peer.main(["--llama-bench", str(fake), "--formats", "fp3"])
+
+
+def test_peer_parses_llama_bench_json(tmp_path) -> None:
+    fake = tmp_path / "llama-bench"
+    fake.write_text('#!/bin/sh\necho \'[{"n_prompt": 512, "n_gen": 0, "avg_ts": 200.5, "build_commit": "abc"},'
+                    ' {"n_prompt": 0, "n_gen": 128, "avg_ts": 99.0}]\'\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    got = peer.llama_bench(str(fake), os.devnull, 2, 512, 128)
+    assert got == {"pp": 200.5, "tg": 99.0, "build": "abc"}
+
+
+def test_accuracy_runs_and_reports(capsys) -> None:
+    res = accuracy.main(["--formats", "auto", "--num-prompts", "2", "--max-new-tokens", "3"])
+    row = res["rows"][0]
+    assert row["format"] == "auto" and row["positions"] == 6
+    assert 0.0 <= row["top1_agreement"] <= 1.0 and row["mean_abs_dlogprob"] >= 0.0
+    assert "top1_agreement" in capsys.readouterr().out
+    for bad in (["--num-prompts", "0"], ["--max-new-tokens", "100000"], ["--formats", "int3"]):
+        with pytest.raises(SystemExit):
+            accuracy.main(bad)
