@@ -31,6 +31,8 @@ _GAUGES = {
     "num_cached_tokens": ("KV slots held only by the radix cache", "num_cached_tokens"),
     "max_total_num_tokens": ("KV pool size in tokens", "max_total_num_tokens"),
     "cache_hit_rate": ("share of prompt tokens served from the prefix cache", "cache_hit_rate"),
+    "spec_accept_length": ("speculative decoding: mean tokens produced per verify forward (bonus included)",
+                           "spec_accept_length"),
 }
 
 

@@ -108,8 +108,16 @@ class ServerArgs:
     node_rank: int = _knob(0, "this machine's rank among nnodes")
     dist_init_addr: str | None = _knob(None, "host:port of rank 0 for torch.distributed")
     # --- speculative decoding ---
-    speculative_algorithm: str | None = _knob(None, "None (speculative decoding is not implemented yet: any value is refused)")
-    speculative_num_draft_tokens: int = _knob(4, "draft tokens verified per step")
+    speculative_algorithm: str | None = _knob(
+        None, "None | ngram: prompt-lookup drafts from each request's own tokens, verified in one TARGET_VERIFY "
+        "forward (greedy requests without penalties / logit_bias / logprobs; output identical to plain greedy). "
+        "draft_model is not implemented yet (refused)"
+    )
+    # 3 drafts + the last token = 4 verified rows: the most the low-bit few-row path takes (QUANT_MAX_ROWS)
+    speculative_num_draft_tokens: int = _knob(3, "most draft tokens verified per request per step (1..16)")
+    # 2: a one-token match is mostly chance, and a rejected verify costs about a decode step (measured: bench speculative)
+    speculative_ngram_min_match_window: int = _knob(2, "ngram: shortest suffix that may match (tokens)")
+    speculative_ngram_max_match_window: int = _knob(8, "ngram: longest suffix tried first (tokens, <= 64)")
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(None, "torch intra-op threads in the scheduler (default: all cores)")
@@ -174,11 +182,16 @@ class ServerArgs:
             bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
             bad("tp_size", "tp_size, dp_size and nnodes must be >= 1")
-        if self.speculative_algorithm is not None:
-            # Refused rather than accepted and ignored: the scheduler does not produce TARGET_VERIFY
-            # batches yet (the execution layer's verify path exists and is tested).
-            bad("speculative_algorithm", f"speculative decoding is not wired into the scheduler yet, got "
-                f"{self.speculative_algorithm!r}; start without it")
+        if self.speculative_algorithm not in (None, "ngram"):
+            why = ("draft_model is not implemented yet" if self.speculative_algorithm == "draft_model"
+                   else "must be None or ngram")
+            bad("speculative_algorithm", f"{why}, got {self.speculative_algorithm!r}")
+        if self.speculative_algorithm is not None and self.page_size != 1:
+            # rejected drafts free single slots; a page is freed whole
+            bad("speculative_algorithm", f"needs page_size 1, got {self.page_size}")
+        if not 1 <= self.speculative_ngram_min_match_window <= self.speculative_ngram_max_match_window <= 64:
+            bad("speculative_ngram_min_match_window", "need 1 <= min <= max <= 64, got "
+                f"{self.speculative_ngram_min_match_window} / {self.speculative_ngram_max_match_window}")
         if not 1 <= self.speculative_num_draft_tokens <= 16:
             bad("speculative_num_draft_tokens", f"must be in [1, 16], got {self.speculative_num_draft_tokens}")
         if not 0 <= self.node_rank < self.nnodes:

@@ -54,7 +54,7 @@ def test_unbuilt_features_are_refused_not_ignored() -> None:
     from radixserve.server_args import ServerArgs
 
     with pytest.raises(ValueError, match="speculative_algorithm"):
-        ServerArgs(speculative_algorithm="ngram")
+        ServerArgs(speculative_algorithm="draft_model")
     with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
         ServerArgs(speculative_num_draft_tokens=10**9)
     with pytest.raises(ValueError, match="node_rank"):

@@ -38,6 +38,8 @@ class BatchTracer:
                 "kv_available": sched.allocator.available_size(),
                 "kv_cached": sched.tree_cache.total_size(),
                 "new_token_ratio": round(sched.new_token_ratio, 4),
+                # TARGET_VERIFY: each request's drafts (what was accepted shows in the next step's prefix_lens)
+                "spec_drafts": [r.spec_draft for r in batch.reqs] if batch.forward_mode.is_target_verify() else None,
             },
             "forward": {
                 "forward_mode": fb.forward_mode.name,

@@ -77,6 +77,15 @@ class Req:
     # Stop strings are checked on decoded text; only the tail can contain a new match.
     stop_check_len: int = 0
 
+    # speculative decoding (speculative/spec_worker.py): the n-gram index over this request's tokens,
+    # its current draft length, the drafts of the verify step in flight, and what verification gave
+    spec_index: Any = None
+    spec_draft_len: int = 0
+    spec_retry_in: int = 0  # steps until a request whose draft length fell to 0 tries one token again
+    spec_draft: list[int] = field(default_factory=list)
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
+
     # ------------------------------------------------------------------ state
     @property
     def seqlen(self) -> int:

@@ -120,6 +120,39 @@ class ScheduleBatch:
         rtt[rows, torch.tensor(self.prefix_lens, dtype=torch.int64)] = self.out_cache_loc
         self.num_extend_reqs = 0
 
+    def verify_slots_needed(self, drafts: list[list[int]]) -> int:
+        """Slots a TARGET_VERIFY step of these drafts takes (page_size 1: one per verified position)."""
+        width = 1 + max(len(d) for d in drafts)
+        return width * len(self.reqs)
+
+    def prepare_for_verify(self, drafts: list[list[int]]) -> None:
+        """TARGET_VERIFY: each request's last sampled token and its drafts, padded to one width L.
+
+        Padding repeats the request's last token; a padded position is verified like a draft, so it
+        can only be accepted if it is the target's own next token (which keeps the output exact).
+        Slots are allocated for all L positions; the scheduler frees the rejected ones after
+        verification (release_rejected), so the KV and the radix cache only hold verified tokens."""
+        self.forward_mode = ForwardMode.TARGET_VERIFY
+        width = 1 + max(len(d) for d in drafts)
+        self.input_ids = []
+        for r, d in zip(self.reqs, drafts):
+            r.spec_draft = list(d)
+            pad = [r.output_ids[-1]] * (width - 1 - len(d))
+            self.input_ids += [r.output_ids[-1], *d, *pad]
+        self.prefix_lens = [r.seqlen - 1 for r in self.reqs]
+        self.seq_lens = [p + width for p in self.prefix_lens]
+        self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
+        self._write_rows(self.reqs, self.prefix_lens, self.seq_lens, self.out_cache_loc)
+        self.num_extend_reqs = 0
+
+    def release_rejected(self, req: Req, alloc_len: int) -> None:
+        """Free the slots a verify step wrote past the request's verified tokens (seqlen - 1)."""
+        keep = req.seqlen - 1
+        if alloc_len > keep:
+            slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, keep:alloc_len].clone()
+            self.allocator.free(slots)
+        req.kv_len = min(alloc_len, keep)
+
     def mix_with_running(self, running: ScheduleBatch) -> None:
         """Append the running requests' decode tokens to this prefill batch (one MIXED forward).
 

@@ -17,17 +17,20 @@ import time
 
 from radixserve.debug.invariants import InvariantChecker, InvariantError
 from radixserve.debug.trace import BatchTracer
+from radixserve.layers.linear import QUANT_MAX_ROWS
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.req import FinishReason, Req
 from radixserve.managers.request_normalizer import RequestLimits, check_tokenized
 from radixserve.managers.schedule_batch import OutOfKVSlots, ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
+from radixserve.managers.scheduler_spec_mixin import SchedulerSpecMixin
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs
+from radixserve.speculative.spec_worker import NgramWorker
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ def _is_fatal(e: BaseException) -> bool:
     return "CUDA error" in text or "device-side assert" in text or "NCCL" in text
 
 
-class Scheduler:
+class Scheduler(SchedulerSpecMixin):
     def __init__(self, server_args: ServerArgs, model_runner: ModelRunner | None = None, tp_rank: int = 0) -> None:
         self.server_args = server_args
         self.tp_rank = tp_rank
@@ -80,6 +83,9 @@ class Scheduler:
                                           self.allocator.total_size)
         self.fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
         self.failed_forward_streak = 0  # forwards in a row that raised (reset by any success)
+        self.spec_worker = (NgramWorker(server_args, self.model_config.context_len,
+                                        QUANT_MAX_ROWS if runner.quant_ops is not None else None)
+                            if runner.spec_algorithm.is_ngram() else None)
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
         return ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache)
@@ -205,7 +211,8 @@ class Scheduler:
             return None
         if not self._ensure_decode_slots():
             return None
-        self.running_batch.prepare_for_decode()
+        if not self._prepare_verify():
+            self.running_batch.prepare_for_decode()
         return self.running_batch
 
     def _ensure_decode_slots(self) -> bool:
@@ -336,20 +343,24 @@ class Scheduler:
         sample = result.sample_output
         # the requests whose prompt (or a chunk of it) this step computed; MIXED also carries decodes
         prefilled = None
-        if not batch.forward_mode.is_decode():
+        if not batch.forward_mode.is_decode() and not batch.forward_mode.is_target_verify():
             running = set(map(id, self.running_batch.reqs))
             prefilled = {r for r in batch.reqs if id(r) not in running}
         next_ids = sample.next_token_ids.tolist()
         in_logprobs = result.logits_output.input_token_logprobs
+        verify = batch.forward_mode.is_target_verify()
         for i, req in enumerate(batch.reqs):
             try:
-                self._process_one(batch, i, req, next_ids[i], sample, in_logprobs, prefilled)
+                if verify:
+                    self._process_verify_one(batch, i, req, next_ids)
+                else:
+                    self._process_one(batch, i, req, next_ids[i], sample, in_logprobs, prefilled)
             except Exception as e:  # one request's bad output must not stop the others
                 if _is_fatal(e):
                     raise
                 if not req.finished():
                     self._fail(req, batch.seq_lens[i], e, "while processing its output")
-        if batch.forward_mode.is_decode():
+        if batch.forward_mode.is_decode() or verify:
             self.new_token_ratio = max(
                 self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
             )
@@ -418,6 +429,8 @@ class Scheduler:
             "failed_forward_streak": self.failed_forward_streak,
             "deterministic_inference": self.model_runner.deterministic,
             "generation_tokens": self.stats["generation_tokens"],
+            "spec_verify_ct": self.spec_worker.verify_ct if self.spec_worker else 0,
+            "spec_accept_length": self.spec_worker.mean_accept_length() if self.spec_worker else 0.0,
             "prompt_tokens": self.stats["prompt_tokens"],
             "context_len": self.model_config.context_len,
             # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is

@@ -9,8 +9,8 @@ low-bit linears themselves (measured on the 2-core AVX2 dev machine: ~12 ms of a
 So when the runner has low-bit weights (--quantization auto / int8 / int4), the C++ kernels and the
 cpu_paged attention backend, this object binds a `torch.classes.radixserve_cpu.DecodeStack`
 (kernels/cpu/csrc/decode_stack.cpp) to the model's weights, norms, RoPE caches and KV pool once, and
-`replay(forward_batch)` runs the whole decoder stack for a DECODE step of <= QUANT_MAX_ROWS rows in
-that one call: the embedding lookup and the LM head stay in Python (the LM head through the same
+`replay(forward_batch)` runs the whole decoder stack for a DECODE step (or a speculative TARGET_VERIFY
+step: each request's last token plus its drafts) of <= QUANT_MAX_ROWS rows in that one call: the embedding lookup and the LM head stay in Python (the LM head through the same
 low-bit path as every other step). The stack computes exactly what the per-layer path computes with
 the same low-bit weights (same kernels in the same order; tests/model_executor/test_cpu_graph.py
 checks they agree bit for bit). `--disable-cpu-graph` turns it off.
@@ -109,14 +109,16 @@ class CpuGraphRunner:
         return stack
 
     def can_run(self, fb: ForwardBatch) -> bool:
+        """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows."""
         md = fb.attn_metadata
-        return (fb.forward_mode.is_decode() and 1 <= fb.batch_size <= self.max_rows
+        mode = fb.forward_mode
+        return ((mode.is_decode() or mode.is_target_verify()) and 1 <= fb.input_ids.shape[0] <= self.max_rows
                 and md is not None and md.batched is not None and md.batched.all_rows)
 
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         b = fb.attn_metadata.batched
         model = self.model
         x = model.model.embed_tokens(fb.input_ids)
-        hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens)
+        hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)
         self.replays += 1
         return model.logits_processor(hidden, model.lm_head, fb)

@@ -49,6 +49,7 @@ from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWork
 from radixserve.model_loader import get_model_config, iterate_weights, model_kind
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
+from radixserve.speculative.spec_info import SpeculativeAlgorithm
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class ModelRunner:
         )
         self.model_path = server_args.resolved_model_path()
         self.model_config = get_model_config(self.model_path, server_args.context_length)
-        self.spec_algorithm = server_args.speculative_algorithm
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.deterministic = server_args.enable_deterministic_inference
         self.quantization = self._resolve_quantization()
         self._load_model(model)

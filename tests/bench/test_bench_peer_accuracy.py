@@ -1,4 +1,4 @@
-"""bench peer / bench accuracy at tiny sizes: they run, print their tables and refuse bad arguments.
+"""bench peer / accuracy / speculative at tiny sizes: they run, print their tables and refuse bad arguments.
 (llama-bench itself is not installed in CI: the peer's own measurement runs only by hand.)"""
 
 from __future__ import annotations
@@ -41,3 +41,14 @@ def test_accuracy_runs_and_reports(capsys) -> None:
     for bad in (["--num-prompts", "0"], ["--max-new-tokens", "100000"], ["--formats", "int3"]):
         with pytest.raises(SystemExit):
             accuracy.main(bad)
+
+
+def test_speculative_bench_runs_and_checks_identity(capsys) -> None:
+    from radixserve.bench import speculative
+
+    res = speculative.main(["--max-new-tokens", "6"])
+    assert {r["workload"] for r in res["rows"]} == {"copy", "fresh"}
+    assert all(r["identical_outputs"] for r in res["rows"])
+    assert "speedup" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        speculative.main(["--max-new-tokens", "0"])

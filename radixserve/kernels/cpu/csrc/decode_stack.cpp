@@ -1,4 +1,4 @@
-// The whole decoder stack of a Llama-family model for the few rows of a DECODE step, as one native
+// The whole decoder stack of a Llama-family model for the few rows of a DECODE or TARGET_VERIFY step, as one native
 // call: radixserve's CPU counterpart of a captured CUDA graph (model_executor/cpu_graph_runner.py
 // builds it once and replays it each step). Python stays the source of truth for the model: this
 // object holds views of the same weights, norms, RoPE caches and KV pool, and runs the same ops
@@ -72,17 +72,19 @@ class DecodeStack : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // x [M, hidden] (the embeddings; not modified), positions / out_loc [M] int64,
-  // kv_idx [M, max_len] int64 slot table, seq_lens [M] int64 (this step's token included).
+  // x [M, hidden] (the embeddings; not modified), positions / out_loc [M] int64, M = nb * L rows:
+  // nb requests of L query tokens each (DECODE: L = 1; TARGET_VERIFY: the last token + L - 1 drafts),
+  // kv_idx [nb, max_len] int64 slot table, seq_lens [nb] int64 (this step's L tokens included).
   at::Tensor forward(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
-                     const at::Tensor& kv_idx, const at::Tensor& seq_lens) {
+                     const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L) {
     TORCH_CHECK(!layers_.empty(), "DecodeStack: no layers");
     TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == H_,
                 "DecodeStack: x must be float32 [M, hidden]");
     const int64_t M = x_in.size(0);
     TORCH_CHECK(out_loc.scalar_type() == at::kLong && out_loc.is_contiguous() && out_loc.numel() == M,
                 "DecodeStack: out_loc must be int64 [M]");
-    TORCH_CHECK(kv_idx.dim() == 2 && kv_idx.size(0) == M, "DecodeStack: kv_idx must be [M, max_len]");
+    TORCH_CHECK(L >= 1 && M % L == 0 && kv_idx.dim() == 2 && kv_idx.size(0) == M / L,
+                "DecodeStack: kv_idx must be [M / L, max_len] for M = ", M, " rows of L = ", L);
     const int64_t slots = layers_[0].k_buf.size(0);
     const int64_t* loc = out_loc.data_ptr<int64_t>();
     for (int64_t i = 0; i < M; ++i) {
@@ -106,18 +108,18 @@ class DecodeStack : public torch::CustomClassHolder {
     const int64_t kv_row = Hkv_ * D_;
 
     for (size_t l = 0; l < layers_.size(); ++l) {
-      StackLayer& L = layers_[l];
+      StackLayer& Ly = layers_[l];
       if (l == 0) {
         residual.copy_(x);
-        fused_add_rms_norm_(x, no_residual, L.in_norm, eps_);
+        fused_add_rms_norm_(x, no_residual, Ly.in_norm, eps_);
       } else {
-        fused_add_rms_norm_(x, with_residual, L.in_norm, eps_);
+        fused_add_rms_norm_(x, with_residual, Ly.in_norm, eps_);
       }
       quantize_rows_q8(xp, M, H_, H_, act_q_);
-      qgemm(L.qkv, act_q_, L.qkv_bias.numel() > 0 ? L.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
+      qgemm(Ly.qkv, act_q_, Ly.qkv_bias.numel() > 0 ? Ly.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
       rope_(qk, positions, cos_, sin_);
-      float* kp = L.k_buf.data_ptr<float>();
-      float* vp = L.v_buf.data_ptr<float>();
+      float* kp = Ly.k_buf.data_ptr<float>();
+      float* vp = Ly.v_buf.data_ptr<float>();
       float* qp = q.data_ptr<float>();
       for (int64_t i = 0; i < M; ++i) {
         const float* row = qkvp + i * qkv_n;
@@ -125,15 +127,15 @@ class DecodeStack : public torch::CustomClassHolder {
         std::memcpy(kp + loc[i] * kv_row, row + Hq_ * D_, sizeof(float) * kv_row);
         std::memcpy(vp + loc[i] * kv_row, row + (Hq_ + Hkv_) * D_, sizeof(float) * kv_row);
       }
-      paged_attention(q, L.k_buf, L.v_buf, kv_idx, seq_lens, 1, scale_, attn);
+      paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, attn);
       quantize_rows_q8(attn.data_ptr<float>(), M, Hq_ * D_, Hq_ * D_, act_q_);
-      qgemm(L.o, act_q_, nullptr, xp, H_);
-      fused_add_rms_norm_(x, with_residual, L.post_norm, eps_);
+      qgemm(Ly.o, act_q_, nullptr, xp, H_);
+      fused_add_rms_norm_(x, with_residual, Ly.post_norm, eps_);
       quantize_rows_q8(xp, M, H_, H_, act_q_);
-      qgemm(L.gate_up, act_q_, nullptr, gu.data_ptr<float>(), 2 * I_);
+      qgemm(Ly.gate_up, act_q_, nullptr, gu.data_ptr<float>(), 2 * I_);
       silu_and_mul(gu, act);
       quantize_rows_q8(act.data_ptr<float>(), M, I_, I_, act_q_);
-      qgemm(L.down, act_q_, nullptr, xp, H_);
+      qgemm(Ly.down, act_q_, nullptr, xp, H_);
     }
     fused_add_rms_norm_(x, with_residual, final_norm_, eps_);
     return x;
