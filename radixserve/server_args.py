@@ -20,6 +20,9 @@ def _knob(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
 
+MAX_TP_SIZE = 64
+
+
 @dataclass(frozen=True)
 class ServerArgs:
     # --- model ---
@@ -182,6 +185,10 @@ class ServerArgs:
             bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
             bad("tp_size", "tp_size, dp_size and nnodes must be >= 1")
+        if self.tp_size > MAX_TP_SIZE:  # one process per rank: an absurd value must not fork-bomb the host
+            bad("tp_size", f"must be <= {MAX_TP_SIZE}, got {self.tp_size}")
+        if self.tp_size > 1 and self.quantization in ("int8", "int4"):
+            bad("quantization", f"{self.quantization} supports tp_size 1 (the low-bit path is single-rank)")
         if self.speculative_algorithm not in (None, "ngram"):
             why = ("draft_model is not implemented yet" if self.speculative_algorithm == "draft_model"
                    else "must be None or ngram")

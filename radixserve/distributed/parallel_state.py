@@ -41,6 +41,18 @@ class ParallelState:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
+    def all_reduce_min(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.MIN, group=self.group)
+        return x
+
+    def broadcast_tensor(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank `src`'s values of a tensor every rank holds in the same shape (in place)."""
+        if self.tp_size > 1:
+            x = x.contiguous()
+            dist.broadcast(x, src=src, group=self.group)
+        return x
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Rank 0 receives requests; every rank must schedule the same batch."""
         if self.tp_size == 1:
@@ -55,9 +67,12 @@ class ParallelState:
 
 
 def init_parallel_state(
-    tp_rank: int, tp_size: int, dist_init_addr: str | None = None, device: str = "cpu", timeout_s: int = 600
+    tp_rank: int, tp_size: int, dist_init_addr: str | None = None, device: str = "cpu", timeout_s: int = 120
 ) -> ParallelState:
-    """Join the torch.distributed group (gloo on CPU, NCCL on GPU) when tp_size > 1."""
+    """Join the torch.distributed group (gloo on CPU, NCCL on GPU) when tp_size > 1.
+
+    The timeout bounds every collective: an idle server still broadcasts every 200 ms
+    (scheduler_process.py), so only a rank that died or hung makes the others fail, after timeout_s."""
     if tp_size == 1:
         return ParallelState()
     if not dist.is_initialized():

@@ -1,9 +1,13 @@
-"""Start the scheduler process and wait until its model is loaded (shared by Engine and server).
+"""Start the scheduler process(es) and wait until the model is loaded (shared by Engine and server).
 
-The scheduler runs as `python -m radixserve.managers.scheduler_process` (a fresh interpreter,
+Each scheduler runs as `python -m radixserve.managers.scheduler_process` (a fresh interpreter,
 not multiprocessing): user scripts need no `if __name__ == "__main__"` guard, and nothing of
 the parent's threads or CUDA state is inherited. Its arguments arrive pickled on stdin; it
 reports 'ready' (or its start-up error) on a ZMQ socket.
+
+With --tp-size N there are N of them, one per tensor-parallel rank, joined by torch.distributed
+(gloo on CPU) at --dist-init-addr (default 127.0.0.1 and a free port). Only rank 0 talks to the
+TokenizerManager; it broadcasts what it receives to the other ranks (managers/scheduler_process.py).
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -26,63 +31,91 @@ from radixserve.server_args import ServerArgs
 
 @dataclass
 class SchedulerHandle:
-    process: subprocess.Popen
+    process: subprocess.Popen  # rank 0
     ports: SchedulerPorts
     info: dict[str, Any]  # what the scheduler reported when ready
     ipc_dir: str
+    others: list[subprocess.Popen] = field(default_factory=list)  # ranks 1 .. tp_size - 1
 
     def is_alive(self) -> bool:
-        return self.process.poll() is None
+        """All ranks alive: one dead rank stalls the others' collectives, so it counts as dead."""
+        return all(p.poll() is None for p in [self.process, *self.others])
 
     def stop(self, timeout: float = 5.0) -> None:
-        proc = self.process
-        for action in (None, proc.terminate, proc.kill):
-            if action is not None:
-                action()
-            try:
-                proc.wait(timeout)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        for proc in [self.process, *self.others]:
+            _stop(proc, timeout)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
+def _stop(proc: subprocess.Popen, timeout: float) -> None:
+    for action in (None, proc.terminate, proc.kill):
+        if action is not None:
+            action()
+        try:
+            proc.wait(timeout)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0) -> SchedulerHandle:
-    if server_args.tp_size != 1 or server_args.dp_size != 1 or server_args.nnodes != 1:
-        raise ValueError("tp_size / dp_size / nnodes > 1 are not supported yet (see the README)")
+    if server_args.dp_size != 1 or server_args.nnodes != 1:
+        raise ValueError("dp_size / nnodes > 1 are not supported yet (see the README)")
+    if server_args.tp_size > 1 and server_args.dist_init_addr is None:
+        server_args = server_args.replace(dist_init_addr=f"127.0.0.1:{_free_port()}")
     ipc_dir = tempfile.mkdtemp(prefix="radixserve-")
     ports = SchedulerPorts(f"ipc://{ipc_dir}/to_scheduler", f"ipc://{ipc_dir}/from_scheduler")
     ready_addr = f"ipc://{ipc_dir}/ready"
     ctx = zmq.Context.instance()
     ready = ctx.socket(zmq.PULL)
     ready.bind(ready_addr)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "radixserve.managers.scheduler_process"], stdin=subprocess.PIPE, close_fds=True
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(pickle.dumps((server_args, ports, 0, ready_addr)))
-    proc.stdin.close()
+    procs: list[subprocess.Popen] = []
+    for rank in range(server_args.tp_size):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "radixserve.managers.scheduler_process"], stdin=subprocess.PIPE, close_fds=True
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(pickle.dumps((server_args, ports, rank, ready_addr)))
+        proc.stdin.close()
+        procs.append(proc)
+    msgs: dict[int, dict[str, Any]] = {}
     try:
         deadline = time.monotonic() + timeout_s
-        while not ready.poll(500):
-            if proc.poll() is not None:
-                raise RuntimeError(f"scheduler process exited during start-up (exit code {proc.returncode})")
+        while len(msgs) < len(procs):
+            if ready.poll(500):
+                m = ready.recv_pyobj()
+                msgs[int(m.get("tp_rank", 0))] = m
+                if m.get("status") != "ready":
+                    break  # report the first failure; the other ranks are stopped below
+                continue
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"scheduler process exited during start-up (exit code {dead[0].returncode})")
             if time.monotonic() > deadline:
                 raise RuntimeError("scheduler process did not become ready in time")
-        msg = ready.recv_pyobj()
     except BaseException:
-        proc.kill()
-        proc.wait()
+        for p in procs:
+            p.kill()
+            p.wait()
         shutil.rmtree(ipc_dir, ignore_errors=True)
         raise
     finally:
         ready.close(linger=0)
+    msg = next((m for m in msgs.values() if m.get("status") != "ready"), msgs.get(0, {}))
+    proc = procs[0]
     if msg.get("status") != "ready":
-        proc.wait(10)
+        for p in procs:
+            _stop(p, 10)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         # NOTE: ValueError for bad configuration (unknown architecture, missing file...) so
         # callers see the same exception type the loader raised.
         exc = ValueError if msg.get("exc_type") == "ValueError" else RuntimeError
         raise exc(f"scheduler failed to start: {msg.get('error')}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return SchedulerHandle(proc, ports, msg, ipc_dir)
+    return SchedulerHandle(proc, ports, msg, ipc_dir, procs[1:])

@@ -83,9 +83,15 @@ class Scheduler(SchedulerSpecMixin):
                                           self.allocator.total_size)
         self.fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
         self.failed_forward_streak = 0  # forwards in a row that raised (reset by any success)
+        # tensor parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
+        # requests out at the same step (None = this process's own clock)
+        self.clock_override: float | None = None
         self.spec_worker = (NgramWorker(server_args, self.model_config.context_len,
                                         QUANT_MAX_ROWS if runner.quant_ops is not None else None)
                             if runner.spec_algorithm.is_ngram() else None)
+
+    def now(self) -> float:
+        return self.clock_override if self.clock_override is not None else time.perf_counter()
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
         return ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache)
@@ -112,7 +118,7 @@ class Scheduler(SchedulerSpecMixin):
             stream=recv.stream,
             priority=recv.priority,
             eos_token_ids=tuple(self.model_config.eos_token_ids),
-            deadline=None if recv.timeout is None else time.perf_counter() + recv.timeout,
+            deadline=None if recv.timeout is None else self.now() + recv.timeout,
         )
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         self.waiting_queue.append(req)
@@ -132,7 +138,7 @@ class Scheduler(SchedulerSpecMixin):
 
     def _expire(self) -> None:
         """Requests past their deadline: aborted with a 408, their KV returned like any abort."""
-        now = time.perf_counter()
+        now = self.now()
 
         def late(r: Req) -> bool:
             return r.deadline is not None and now > r.deadline and not r.finished() and not r.to_abort
@@ -331,6 +337,8 @@ class Scheduler(SchedulerSpecMixin):
             if hit is not None:
                 raise RuntimeError(f"injected fault ({FAULT_INJECT_ENV}) in a batch holding {hit}")
         mwb = batch.get_model_worker_batch()
+        if self.checker is not None:
+            self.checker.check_same_step_on_every_rank(mwb)
         result = self.model_runner.forward_batch_generation(mwb)
         if self.checker is not None:
             self.checker.check_forward_batch(result.forward_batch)

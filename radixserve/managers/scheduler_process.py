@@ -5,6 +5,13 @@
 
 The loop blocks on the socket only when there is no work, so an idle server costs nothing and
 a busy one never waits for input between steps.
+
+Tensor parallel (--tp-size N): N processes, one per rank. Only rank 0 binds the sockets; each
+iteration it broadcasts what it received, with its clock, to every rank (a gloo CPU broadcast,
+also every 200 ms when idle), and every rank then handles the same messages and runs the same
+step: the schedulers make the same decisions from the same inputs (timeouts use rank 0's clock;
+sampled tokens are rank 0's, ModelRunner.sample), and --check-invariants compares a digest of each
+step's batch across ranks. Only rank 0 sends outputs.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -47,13 +55,21 @@ class SchedulerProcess:
         from radixserve.managers.scheduler import Scheduler
 
         self.scheduler = Scheduler(server_args, tp_rank=tp_rank)
+        self.tp_rank = tp_rank
+        self.ps = self.scheduler.model_runner.parallel_state
         self.ctx = zmq.Context(1)
-        self.recv_sock = self.ctx.socket(zmq.PULL)
-        self.recv_sock.bind(ports.to_scheduler)
-        self.send_sock = self.ctx.socket(zmq.PUSH)
-        self.send_sock.connect(ports.from_scheduler)
+        self.recv_sock = self.send_sock = None
+        if tp_rank == 0:
+            self.recv_sock = self.ctx.socket(zmq.PULL)
+            self.recv_sock.bind(ports.to_scheduler)
+            self.send_sock = self.ctx.socket(zmq.PUSH)
+            self.send_sock.connect(ports.from_scheduler)
         self.parent_pid = os.getppid()
         self.running = True
+
+    def send(self, obj: Any) -> None:
+        if self.send_sock is not None:  # rank 0 only
+            self.send_sock.send_pyobj(obj)
 
     def ready_info(self) -> dict[str, Any]:
         s = self.scheduler
@@ -63,6 +79,7 @@ class SchedulerProcess:
             "vocab_size": s.model_config.vocab_size,
             "eos_token_ids": list(s.model_config.eos_token_ids),
             "weight_bytes": s.model_runner.weight_bytes,
+            "tp_rank": self.tp_rank,
         }
 
     def recv_requests(self, block: bool) -> list[Any]:
@@ -82,25 +99,32 @@ class SchedulerProcess:
         if isinstance(msg, TokenizedGenerateReqInput):
             err = s.add_request(msg)
             if err is not None:
-                self.send_sock.send_pyobj(BatchReqOutput([err]))
+                self.send(BatchReqOutput([err]))
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid)
         elif isinstance(msg, FlushCacheReq):
-            self.send_sock.send_pyobj(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id))
+            self.send(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id))
         elif isinstance(msg, GetServerInfoReq):
-            self.send_sock.send_pyobj(RpcOutput("server_info", data=s.get_server_info(), rpc_id=msg.rpc_id))
+            self.send(RpcOutput("server_info", data=s.get_server_info(), rpc_id=msg.rpc_id))
         elif isinstance(msg, ShutdownReq):
             self.running = False
 
     def event_loop(self) -> None:
         s = self.scheduler
         while self.running:
-            for msg in self.recv_requests(block=not s.has_work()):
+            if self.ps.tp_size == 1:
+                msgs = self.recv_requests(block=not s.has_work())
+            else:
+                msgs = self.recv_requests(block=not s.has_work()) if self.tp_rank == 0 else []
+                if self.tp_rank == 0 and not self.running:
+                    msgs.append(ShutdownReq())  # the parent died: take every rank down with us
+                msgs, s.clock_override = self.ps.broadcast_object((msgs, time.perf_counter()))
+            for msg in msgs:
                 self.handle(msg)
             if s.has_work() or s.output_processor.pending:
                 outputs = s.step()
                 if outputs:
-                    self.send_sock.send_pyobj(BatchReqOutput(outputs))
+                    self.send(BatchReqOutput(outputs))
 
 
 def _die_with_parent() -> None:
@@ -126,7 +150,7 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_ran
         proc = SchedulerProcess(server_args, ports, tp_rank)
     except Exception as e:  # report any start-up failure to the parent verbatim
         ready.send_pyobj({"status": "error", "exc_type": type(e).__name__, "error": f"{type(e).__name__}: {e}",
-                          "traceback": traceback.format_exc()})
+                          "traceback": traceback.format_exc(), "tp_rank": tp_rank})
         ready.close(linger=2000)
         return
     ready.send_pyobj({"status": "ready", **proc.ready_info()})
@@ -134,6 +158,9 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_ran
     try:
         proc.event_loop()
     except Exception as e:
+        if tp_rank > 0 and "closed by peer" in str(e):
+            # rank 0 is gone (stopped, or it failed and reported why itself): follow it quietly
+            raise SystemExit(0) from None
         # Only faults no request could be blamed for get here (Scheduler._run_isolated pins the rest).
         print(f"radixserve: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
@@ -141,4 +168,8 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_ran
 
 
 if __name__ == "__main__":
-    run_scheduler_process(*pickle.loads(sys.stdin.buffer.read()))
+    # Run the module's own copy, not __main__'s: messages pickled by the server name
+    # radixserve.managers.scheduler_process.ShutdownReq, and isinstance() must match that class.
+    from radixserve.managers import scheduler_process as _module
+
+    _module.run_scheduler_process(*pickle.loads(sys.stdin.buffer.read()))

@@ -87,6 +87,9 @@ class ModelRunner:
         self.tp_size = server_args.tp_size
         if self.device.type == "cpu" and server_args.num_threads:
             torch.set_num_threads(server_args.num_threads)
+        elif self.device.type == "cpu" and server_args.tp_size > 1:
+            # the machine's cores split across the ranks: a rank never oversubscribes them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // server_args.tp_size))
         self.parallel_state = parallel_state or init_parallel_state(
             tp_rank, server_args.tp_size, server_args.dist_init_addr, server_args.device
         )
@@ -110,7 +113,7 @@ class ModelRunner:
         mode = self.server_args.quantization
         if mode != "auto":
             return mode
-        if self.device.type != "cpu" or self.dtype != torch.float32 or self.deterministic:
+        if self.device.type != "cpu" or self.dtype != torch.float32 or self.deterministic or self.tp_size > 1:
             return "none"
         if model_kind(self.model_path) != "gguf":
             return "none"
@@ -239,6 +242,11 @@ class ModelRunner:
     def _init_memory_pool(self) -> None:
         args, cfg = self.server_args, self.model_config
         self.max_total_num_tokens = args.max_total_tokens or self._profile_max_num_tokens()
+        if self.tp_size > 1:
+            # every rank must see the same pool (their schedulers decide identically): the smallest
+            n = torch.tensor([self.max_total_num_tokens], dtype=torch.int64)
+            self.parallel_state.all_reduce_min(n)
+            self.max_total_num_tokens = int(n.item())
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, args.page_size, self.device)
         # Headroom past context_len for speculative draft tokens written before verification.
         self.req_to_token_pool = ReqToTokenPool(
@@ -273,9 +281,12 @@ class ModelRunner:
         logits = logits_output.next_token_logits
         if forward_batch.forward_mode.is_target_verify():
             # Verification is greedy per draft position (speculative decoding keeps greedy exact).
-            return SampleOutput(next_token_ids=torch.argmax(logits, dim=-1))
+            return SampleOutput(next_token_ids=self.parallel_state.broadcast_tensor(torch.argmax(logits, dim=-1)))
         raw = logits.clone() if forward_batch.return_logprob else None
         next_ids = self.sampler(logits, forward_batch.sampling_info)
+        # tensor parallel: every rank has the same (gathered) logits, but random draws could differ;
+        # rank 0's tokens are the ones every rank's scheduler appends
+        next_ids = self.parallel_state.broadcast_tensor(next_ids)
         out = SampleOutput(next_token_ids=next_ids)
         if raw is not None:
             # log_softmax over [bs, vocab] is row-wise in ATen (measured bit-identical at every bs), so
