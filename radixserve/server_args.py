@@ -21,6 +21,7 @@ def _knob(default: Any, help: str, **extra: Any) -> Any:
 
 
 MAX_TP_SIZE = 64
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class ServerArgs:
             bad("attention_backend", f"must be auto, torch_native or cpu_paged, got {self.attention_backend!r}")
         if self.linear_backend not in ("auto", "torch", "onednn"):
             bad("linear_backend", f"must be auto, torch or onednn, got {self.linear_backend!r}")
-        if self.quantization not in ("auto", "none", "int8", "int4"):
+        if self.quantization not in QUANTIZATION_MODES:
             bad("quantization", f"must be auto, none, int8 or int4, got {self.quantization!r}")
         if self.quantization in ("int8", "int4") and (self.device != "cpu" or self.dtype != "float32"):
             bad("quantization", f"{self.quantization} runs on the CPU in float32 (device=cpu, dtype=float32)")

@@ -87,9 +87,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     exact = _runner(args.model_path, "none", args.threads)
     tok = get_tokenizer(exact.model_path)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
+    # the text the chat template writes, tokenised as the server tokenises a chat prompt (no extra BOS)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                  tokenize=False), add_special_tokens=False)
                for p in PROMPTS[: args.num_prompts]]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
     reference = [_trace(exact, p, None, args.max_new_tokens) for p in prompts]
     rows = []
     for fmt in formats:

@@ -120,11 +120,6 @@ class ScheduleBatch:
         rtt[rows, torch.tensor(self.prefix_lens, dtype=torch.int64)] = self.out_cache_loc
         self.num_extend_reqs = 0
 
-    def verify_slots_needed(self, drafts: list[list[int]]) -> int:
-        """Slots a TARGET_VERIFY step of these drafts takes (page_size 1: one per verified position)."""
-        width = 1 + max(len(d) for d in drafts)
-        return width * len(self.reqs)
-
     def prepare_for_verify(self, drafts: list[list[int]]) -> None:
         """TARGET_VERIFY: each request's last sampled token and its drafts, padded to one width L.
 

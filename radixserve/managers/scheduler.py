@@ -15,16 +15,15 @@ import logging
 import os
 import time
 
-from radixserve.debug.invariants import InvariantChecker, InvariantError
+from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.trace import BatchTracer
-from radixserve.layers.linear import QUANT_MAX_ROWS
+from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.req import FinishReason, Req
 from radixserve.managers.request_normalizer import RequestLimits, check_tokenized
 from radixserve.managers.schedule_batch import OutOfKVSlots, ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
-from radixserve.managers.scheduler_spec_mixin import SchedulerSpecMixin
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.model_executor.model_runner import ModelRunner
@@ -43,18 +42,7 @@ IN_BATCH_PREFIX_TOKENS = 32
 FAULT_INJECT_ENV = "RADIXSERVE_FAULT_INJECT"
 
 
-class FatalSchedulerError(RuntimeError):
-    """A fault no request can be blamed for (the device or the process itself): stop the server."""
-
-
-def _is_fatal(e: BaseException) -> bool:
-    if isinstance(e, (MemoryError, FatalSchedulerError, InvariantError)):  # a broken invariant is our bug
-        return True
-    text = str(e)
-    return "CUDA error" in text or "device-side assert" in text or "NCCL" in text
-
-
-class Scheduler(SchedulerSpecMixin):
+class Scheduler:
     def __init__(self, server_args: ServerArgs, model_runner: ModelRunner | None = None, tp_rank: int = 0) -> None:
         self.server_args = server_args
         self.tp_rank = tp_rank
@@ -82,13 +70,15 @@ class Scheduler(SchedulerSpecMixin):
         self.limits = RequestLimits.build(server_args, self.model_config.context_len, self.model_config.vocab_size,
                                           self.allocator.total_size)
         self.fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
-        self.failed_forward_streak = 0  # forwards in a row that raised (reset by any success)
+        self.isolation = FailureIsolation(self)  # a failing step fails only the request it is pinned on
         # tensor parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
         # requests out at the same step (None = this process's own clock)
         self.clock_override: float | None = None
-        self.spec_worker = (NgramWorker(server_args, self.model_config.context_len,
-                                        QUANT_MAX_ROWS if runner.quant_ops is not None else None)
-                            if runner.spec_algorithm.is_ngram() else None)
+        self.spec_worker = NgramWorker.create(server_args, runner)
+
+    @property
+    def failed_forward_streak(self) -> int:
+        return self.isolation.streak
 
     def now(self) -> float:
         return self.clock_override if self.clock_override is not None else time.perf_counter()
@@ -173,20 +163,6 @@ class Scheduler(SchedulerSpecMixin):
         self.tree_cache.cache_finished_req(req, kv_len=req.kv_len)
         self.output_processor.pending.append(req)
 
-    def _fail(self, req: Req, alloc_len: int, e: BaseException, where: str) -> None:
-        """A request a failure was pinned on: it gets a 500 and its KV is dropped (not cached);
-        everything else goes on."""
-        logger.error("request %s failed %s: %s: %s", req.rid, where, type(e).__name__, e, exc_info=e)
-        self.stats["num_failed_reqs"] += 1
-        if req.req_pool_idx is not None:
-            self.tree_cache.release_req(req, alloc_len)
-            req.req_pool_idx = None
-        req.error = (500, f"internal error {where}: {type(e).__name__}: {e}")
-        req.finished_reason = FinishReason("abort", message="internal error")
-        if self.chunked_req is req:
-            self.chunked_req = None
-        self.output_processor.pending.append(req)
-
     # ------------------------------------------------------------------ step
     def has_work(self) -> bool:
         return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req)
@@ -197,7 +173,7 @@ class Scheduler(SchedulerSpecMixin):
         self._reap_aborted()
         batch = self.get_next_batch_to_run()
         if batch is not None:
-            self._run_isolated(batch)
+            self.isolation.run(batch)
             self.running_batch.filter_batch()
         if self.checker is not None:
             self.checker.check_memory()
@@ -217,7 +193,7 @@ class Scheduler(SchedulerSpecMixin):
             return None
         if not self._ensure_decode_slots():
             return None
-        if not self._prepare_verify():
+        if self.spec_worker is None or not self.spec_worker.prepare_verify(self):
             self.running_batch.prepare_for_decode()
         return self.running_batch
 
@@ -305,32 +281,6 @@ class Scheduler(SchedulerSpecMixin):
         return any(a.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS] == window for a in admitted)
 
     # ------------------------------------------------------------------ run
-    def _run_isolated(self, batch: ScheduleBatch) -> None:
-        """Run a step so that one request's failure fails that request alone.
-
-        A forward that raises is bisected: each half of the batch (same slots, same inputs) runs
-        on its own, recursively, until the failure is pinned on single requests; the halves that
-        succeed are processed as usual. Nothing is retried on success, so the cost is paid only
-        when something fails. Faults of the device or process itself (_is_fatal) stop the server."""
-        try:
-            result = self.run_batch(batch)
-        except Exception as e:
-            if _is_fatal(e):
-                raise FatalSchedulerError(f"the model failed: {type(e).__name__}: {e}") from e
-            self.failed_forward_streak += 1
-            if batch.batch_size() == 1:
-                req = batch.reqs[0]
-                if not req.finished():
-                    self._fail(req, batch.seq_lens[0], e, "while running this request")
-                return
-            logger.warning("a batch of %d failed (%s: %s); bisecting to find the request",
-                           batch.batch_size(), type(e).__name__, e)
-            for half in batch.split():
-                self._run_isolated(half)
-            return
-        self.failed_forward_streak = 0
-        self.process_batch_result(batch, result)
-
     def run_batch(self, batch: ScheduleBatch):
         if self.fault_marker is not None:
             hit = next((r.rid for r in batch.reqs if self.fault_marker in r.rid), None)
@@ -360,14 +310,14 @@ class Scheduler(SchedulerSpecMixin):
         for i, req in enumerate(batch.reqs):
             try:
                 if verify:
-                    self._process_verify_one(batch, i, req, next_ids)
+                    self.spec_worker.process_verify_one(self, batch, i, req, next_ids)
                 else:
                     self._process_one(batch, i, req, next_ids[i], sample, in_logprobs, prefilled)
             except Exception as e:  # one request's bad output must not stop the others
-                if _is_fatal(e):
+                if is_fatal(e):
                     raise
                 if not req.finished():
-                    self._fail(req, batch.seq_lens[i], e, "while processing its output")
+                    self.isolation.fail(req, batch.seq_lens[i], e, "while processing its output")
         if batch.forward_mode.is_decode() or verify:
             self.new_token_ratio = max(
                 self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
@@ -437,8 +387,7 @@ class Scheduler(SchedulerSpecMixin):
             "failed_forward_streak": self.failed_forward_streak,
             "deterministic_inference": self.model_runner.deterministic,
             "generation_tokens": self.stats["generation_tokens"],
-            "spec_verify_ct": self.spec_worker.verify_ct if self.spec_worker else 0,
-            "spec_accept_length": self.spec_worker.mean_accept_length() if self.spec_worker else 0.0,
+            **NgramWorker.info(self.spec_worker),
             "prompt_tokens": self.stats["prompt_tokens"],
             "context_len": self.model_config.context_len,
             # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is

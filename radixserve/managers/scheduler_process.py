@@ -161,7 +161,7 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_ran
         if tp_rank > 0 and "closed by peer" in str(e):
             # rank 0 is gone (stopped, or it failed and reported why itself): follow it quietly
             raise SystemExit(0) from None
-        # Only faults no request could be blamed for get here (Scheduler._run_isolated pins the rest).
+        # Only faults no request could be blamed for get here (FailureIsolation pins the rest).
         print(f"radixserve: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None

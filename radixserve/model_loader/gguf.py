@@ -54,6 +54,16 @@ def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     if cached is not None:
         return cached
     f = open_gguf(path)
+    plan = _tensor_plan(f)
+    if entry:
+        layout = [(hf_name, f.hf_shape(gguf_name)) for gguf_name, hf_name, _ in plan]
+        return gguf_cache.write_weights_through(entry, layout, _stream(f, plan))
+    return _stream(f, plan)
+
+
+def _tensor_plan(f: GGUFFile) -> list[tuple[str, str, int | None]]:
+    """(gguf name, HF name, heads to un-permute its rows by or None) of every parameter, each tensor's
+    type checked first, so an unsupported file fails before anything is read."""
     arch = gguf_architecture(f)
     cfg = gguf_hf_config(f)
     plan: list[tuple[str, str, int | None]] = []
@@ -67,10 +77,7 @@ def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         if arch in PERMUTED_QK_ARCHITECTURES:
             heads = permuted_head_count(gguf_name, cfg["num_attention_heads"], cfg["num_key_value_heads"])
         plan.append((gguf_name, hf_name, heads))
-    if entry:
-        layout = [(hf_name, f.hf_shape(gguf_name)) for gguf_name, hf_name, _ in plan]
-        return gguf_cache.write_weights_through(entry, layout, _stream(f, plan))
-    return _stream(f, plan)
+    return plan
 
 
 def _stream(f: GGUFFile, plan: list[tuple[str, str, int | None]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -122,32 +129,25 @@ def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 
 def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
-    """`hf_name -> (ggml type name, raw block rows)` for every parameter of a GGUF file, read in place.
+    """`hf_name -> (ggml type name, raw block rows)` for every parameter of a GGUF file.
 
-    The rows are uint8 [out, bytes per row] views of the file's own blocks (q/k projections un-permuted
+    The rows are uint8 [out, bytes per row] copies of the file's own blocks (q/k projections un-permuted
     to HF order like the float weights; a row permutation moves whole rows of blocks, so it is exact),
     for the low-bit formats `--quantization auto` packs without loss (Q8_0, Q4_0, Q4_1). Other types
     map to (type name, None): the caller decides what to do with their float weights.
     """
     f = open_gguf(path)
-    arch = gguf_architecture(f)
-    cfg = gguf_hf_config(f)
     out: dict[str, tuple[str, torch.Tensor | None]] = {}
-    for gguf_name, tensor in f.tensors.items():
-        hf_name = hf_parameter_name(gguf_name)
-        if hf_name is None:
-            continue
+    for gguf_name, hf_name, heads in _tensor_plan(f):
+        tensor = f.tensors[gguf_name]
         qtype = tensor.tensor_type.name
-        if qtype not in EXACT_BLOCK_TYPES or len(f.hf_shape(gguf_name)) != 2:
+        shape = f.hf_shape(gguf_name)
+        if qtype not in EXACT_BLOCK_TYPES or len(shape) != 2:
             out[hf_name] = (qtype, None)
             continue
         # a copy: the memmap is read-only, and the kernels' layout is derived from these rows
-        rows = torch.from_numpy(np.array(tensor.data).reshape(f.hf_shape(gguf_name)[0], -1))
-        if arch in PERMUTED_QK_ARCHITECTURES:
-            heads = permuted_head_count(gguf_name, cfg["num_attention_heads"], cfg["num_key_value_heads"])
-            if heads is not None:
-                rows = unpermute_rows(rows, heads)
-        out[hf_name] = (qtype, rows)
+        rows = torch.from_numpy(np.array(tensor.data).reshape(shape[0], -1))
+        out[hf_name] = (qtype, rows if heads is None else unpermute_rows(rows, heads))
     return out
 
 

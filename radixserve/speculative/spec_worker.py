@@ -1,4 +1,13 @@
-"""NgramWorker: propose -> verify -> accept, for the scheduler.
+"""NgramWorker: propose -> verify -> accept, the scheduler's speculative step.
+
+    prepare_verify(sched)   instead of a DECODE step: drafts for the running batch; if there are any and
+                            the pool has a slot for every verified position, the batch becomes a
+                            TARGET_VERIFY step (ScheduleBatch.prepare_for_verify); drafts never retract
+    process_verify_one(..)  after it: accept, append the produced tokens one by one with the stop checks
+                            (EOS, stop strings, max_new_tokens, context) between them, then free the slots
+                            past the verified tokens (ScheduleBatch.release_rejected): the KV a request
+                            keeps and the radix cache only ever hold verified tokens. A failing verify is
+                            bisected like any step (the drafts live on each Req).
 
     propose(reqs)     draft tokens per request (n-gram lookup over its own tokens), or None for a step
                       that should run as plain DECODE (no request has a draft, or one cannot take part)
@@ -17,12 +26,18 @@ then tries one token), after a full acceptance it doubles back up to --speculati
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
+from radixserve.layers.linear import QUANT_MAX_ROWS
+from radixserve.managers.schedule_batch import OutOfKVSlots
 from radixserve.speculative.ngram import NgramIndex
 
 if TYPE_CHECKING:
     from radixserve.managers.req import Req
+    from radixserve.managers.schedule_batch import ScheduleBatch
+    from radixserve.managers.scheduler import Scheduler
+    from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.server_args import ServerArgs
 
 
@@ -50,16 +65,30 @@ class NgramWorker:
         self.verify_ct = 0
         self.accepted_tokens = 0  # tokens produced by verify forwards (bonus included)
 
+    @staticmethod
+    def create(args: ServerArgs, runner: ModelRunner) -> NgramWorker | None:
+        """The runner's worker (None without --speculative-algorithm ngram)."""
+        if not runner.spec_algorithm.is_ngram():
+            return None
+        return NgramWorker(args, runner.model_config.context_len,
+                           QUANT_MAX_ROWS if runner.quant_ops is not None else None)
+
+    @staticmethod
+    def info(worker: NgramWorker | None) -> dict[str, float]:
+        """get_server_info's speculative counters (zeros without a worker)."""
+        if worker is None:
+            return {"spec_verify_ct": 0, "spec_accept_length": 0.0}
+        return {"spec_verify_ct": worker.verify_ct, "spec_accept_length": worker.mean_accept_length()}
+
     def _index(self, req: Req) -> NgramIndex:
         idx = req.spec_index
         if idx is None:
             idx = req.spec_index = NgramIndex(self.min_window, self.max_window)
             req.spec_draft_len = self.max_draft
-        seen = len(idx.tokens)
-        total = len(req.origin_input_ids) + len(req.output_ids)
-        if seen < total:
-            all_ids = req.origin_input_ids + req.output_ids
-            idx.extend(all_ids[seen:])
+        seen, n_in = len(idx.tokens), len(req.origin_input_ids)
+        if seen < n_in:  # first time: the prompt (slices of what is new only, never a concatenation)
+            idx.extend(req.origin_input_ids[seen:])
+        idx.extend(req.output_ids[max(0, seen - n_in):])
         return idx
 
     def propose(self, reqs: list[Req]) -> list[list[int]] | None:
@@ -105,3 +134,39 @@ class NgramWorker:
 
     def mean_accept_length(self) -> float:
         return self.accepted_tokens / self.verify_ct if self.verify_ct else 0.0
+
+    # ------------------------------------------------------------------ the scheduler's step
+    def prepare_verify(self, sched: Scheduler) -> bool:
+        """Turn the running batch into a TARGET_VERIFY step; False = run plain DECODE."""
+        drafts = self.propose(sched.running_batch.reqs)
+        if drafts is None:
+            return False
+        try:
+            sched.running_batch.prepare_for_verify(drafts)  # its slot allocation evicts the tree if needed
+        except OutOfKVSlots:
+            return False  # drafts are optional: the step decodes (prepare_for_decode resets the batch)
+        return True
+
+    def process_verify_one(self, sched: Scheduler, batch: ScheduleBatch, i: int, req: Req,
+                           next_ids: list[int]) -> None:
+        alloc_len = batch.seq_lens[i]
+        width = alloc_len - batch.prefix_lens[i]
+        req.kv_len = alloc_len
+        if req.finished():
+            return  # aborted while this step ran (its slots went with it)
+        produced = self.accept(req, next_ids[i * width : (i + 1) * width], req.spec_draft)
+        reason = None
+        for tok in produced:
+            req.output_ids.append(tok)
+            if req.first_token_time is None:
+                req.first_token_time = time.perf_counter()
+            sched.stats["generation_tokens"] += 1
+            reason = sched.output_processor.check_finished(req, sched.model_config.context_len)
+            if reason is not None:
+                break
+        batch.release_rejected(req, alloc_len)
+        req.spec_draft = []
+        if reason is not None:
+            sched._finish(req, reason)
+        else:
+            sched.output_processor.maybe_stream(req)

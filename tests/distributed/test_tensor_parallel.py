@@ -33,10 +33,8 @@ def test_default_model_at_tp3_matches_one_process(make_scheduler, tokenizer) -> 
         ref = want[f"p{i}"]
         assert out["output_ids"][:8] == ref.output_ids[:8], PROMPTS[i]
         # first position: the gathered logits agree with one process to float32 summation order
-        a = dict(out["meta_info"]["output_top_logprobs"][0]) if "output_top_logprobs" in out["meta_info"] else None
-        if a is not None:
-            b = dict(ref.top2[0])
-            assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a)
+        a, b = dict(out["meta_info"]["output_top_logprobs"][0]), dict(ref.top2[0])
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a)
 
 
 def _tiny(tmp_path, heads: int, kv_heads: int) -> str:

@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from radixserve.layers.quantization.qweight import KIND_NAMES, QKIND_Q4_1, QKIND_Q8_0, QuantRows, QuantWeight
+from radixserve.server_args import QUANTIZATION_MODES
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 _EXACT = {"Q8_0": QKIND_Q8_0, "Q4_0": QKIND_Q4_1, "Q4_1": QKIND_Q4_1}
 _FLOAT = frozenset({"F32", "F16", "BF16"})
 _TO_Q8 = frozenset({"Q6_K"})  # more than 4.5 bits per weight: keep 8

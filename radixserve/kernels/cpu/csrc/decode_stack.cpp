@@ -7,7 +7,7 @@
 // Why: at batch 1 the per-layer Python path dispatches ~12 torch ops per layer (views, splits, the
 // KV write, norms, RoPE, attention, four linears), each with its allocation and OpenMP region;
 // that overhead was ~12 ms of a ~20 ms step on the 2-core dev machine while the int8 linears took
-// ~7.6 ms. Here a step allocates nothing after the first and crosses into Python once.
+// ~7.6 ms. Here a step crosses into Python once and allocates only the hidden state it returns.
 //
 // Per layer l (weights of kind Q8_0 or Q4_1, see quant_linear.h):
 //   x, residual = add_rms_norm(x, residual, in_norm)      (layer 0: residual = x, x = rms_norm(x))
@@ -92,13 +92,19 @@ class DecodeStack : public torch::CustomClassHolder {
     }
     const auto f32 = x_in.options();
     const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
-    at::Tensor x = x_in.contiguous().clone();  // the returned hidden state
-    at::Tensor residual = at::empty({M, H_}, f32);
-    at::Tensor qkv = at::empty({M, qkv_n}, f32);
-    at::Tensor q = at::empty({M, Hq_, D_}, f32);
-    at::Tensor attn = at::empty({M, Hq_, D_}, f32);
-    at::Tensor gu = at::empty({M, 2 * I_}, f32);
-    at::Tensor act = at::empty({M, I_}, f32);
+    at::Tensor x = x_in.contiguous().clone();  // the returned hidden state: the one allocation per step
+    if (M != buf_rows_) {  // scratch for this row count, kept across steps (a few KB per row)
+      residual_ = at::empty({M, H_}, f32), qkv_ = at::empty({M, qkv_n}, f32);
+      q_ = at::empty({M, Hq_, D_}, f32), attn_ = at::empty({M, Hq_, D_}, f32);
+      gu_ = at::empty({M, 2 * I_}, f32), act_ = at::empty({M, I_}, f32);
+      buf_rows_ = M;
+    }
+    at::Tensor& residual = residual_;
+    at::Tensor& qkv = qkv_;
+    at::Tensor& q = q_;
+    at::Tensor& attn = attn_;
+    at::Tensor& gu = gu_;
+    at::Tensor& act = act_;
     // q and k heads are adjacent in each qkv row: one RoPE pass over [M, Hq + Hkv, D] with row stride qkv_n
     at::Tensor qk = qkv.as_strided({M, Hq_ + Hkv_, D_}, {qkv_n, D_, 1});
     const c10::optional<at::Tensor> no_residual;
@@ -152,6 +158,8 @@ class DecodeStack : public torch::CustomClassHolder {
   at::Tensor cos_, sin_, final_norm_;
   std::vector<StackLayer> layers_;
   Q8ActRows act_q_;
+  int64_t buf_rows_ = -1;
+  at::Tensor residual_, qkv_, q_, attn_, gu_, act_;
 };
 
 }  // namespace

@@ -1,0 +1,74 @@
+"""FailureIsolation: run a step so that one request's failure fails that request alone.
+
+A forward that raises is bisected: each half of the batch (same slots, same inputs; ScheduleBatch.split)
+runs on its own, recursively, until the failure is pinned on single requests; the halves that succeed
+are processed as usual. Nothing is retried on success, so the cost is paid only when something fails.
+A request a failure was pinned on gets a 500 and its KV is dropped, not cached. Faults of the device or
+the process itself (is_fatal) stop the server instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from radixserve.debug.invariants import InvariantError
+from radixserve.managers.req import FinishReason
+
+if TYPE_CHECKING:
+    from radixserve.managers.req import Req
+    from radixserve.managers.schedule_batch import ScheduleBatch
+    from radixserve.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class FatalSchedulerError(RuntimeError):
+    """A fault no request can be blamed for (the device or the process itself): stop the server."""
+
+
+def is_fatal(e: BaseException) -> bool:
+    if isinstance(e, (MemoryError, FatalSchedulerError, InvariantError)):  # a broken invariant is our bug
+        return True
+    text = str(e)
+    return "CUDA error" in text or "device-side assert" in text or "NCCL" in text
+
+
+class FailureIsolation:
+    def __init__(self, sched: Scheduler) -> None:
+        self.s = sched
+        self.streak = 0  # forwards in a row that raised (reset by any success)
+
+    def run(self, batch: ScheduleBatch) -> None:
+        try:
+            result = self.s.run_batch(batch)
+        except Exception as e:
+            if is_fatal(e):
+                raise FatalSchedulerError(f"the model failed: {type(e).__name__}: {e}") from e
+            self.streak += 1
+            if batch.batch_size() == 1:
+                req = batch.reqs[0]
+                if not req.finished():
+                    self.fail(req, batch.seq_lens[0], e, "while running this request")
+                return
+            logger.warning("a batch of %d failed (%s: %s); bisecting to find the request",
+                           batch.batch_size(), type(e).__name__, e)
+            for half in batch.split():
+                self.run(half)
+            return
+        self.streak = 0
+        self.s.process_batch_result(batch, result)
+
+    def fail(self, req: Req, alloc_len: int, e: BaseException, where: str) -> None:
+        """A request a failure was pinned on: a 500, its KV dropped (not cached); everything else goes on."""
+        s = self.s
+        logger.error("request %s failed %s: %s: %s", req.rid, where, type(e).__name__, e, exc_info=e)
+        s.stats["num_failed_reqs"] += 1
+        if req.req_pool_idx is not None:
+            s.tree_cache.release_req(req, alloc_len)
+            req.req_pool_idx = None
+        req.error = (500, f"internal error {where}: {type(e).__name__}: {e}")
+        req.finished_reason = FinishReason("abort", message="internal error")
+        if s.chunked_req is req:
+            s.chunked_req = None
+        s.output_processor.pending.append(req)
