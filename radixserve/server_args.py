@@ -22,6 +22,8 @@ def _knob(default: Any, help: str, **extra: Any) -> Any:
 
 MAX_TP_SIZE = 64
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
+GRAMMAR_BACKENDS = ("xgrammar", "none")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral")  # function_call/tool_parser.py
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,19 @@ class ServerArgs:
     # 2: a one-token match is mostly chance, and a rejected verify costs about a decode step (measured: bench speculative)
     speculative_ngram_min_match_window: int = _knob(2, "ngram: shortest suffix that may match (tokens)")
     speculative_ngram_max_match_window: int = _knob(8, "ngram: longest suffix tried first (tokens, <= 64)")
+    # --- structured output and tool calling ---
+    grammar_backend: str = _knob(
+        "xgrammar", "xgrammar | none: constrained decoding (json_schema / regex / ebnf / structural_tag, OpenAI "
+        "response_format and forced tool calls); none refuses such requests with a 400"
+    )
+    grammar_cache_size: int = _knob(256, "compiled grammars kept (LRU over distinct constraints), 1..100000")
+    grammar_compile_timeout: float = _knob(
+        30.0, "seconds a request may wait for its grammar to compile before it fails with a 400 (0 < t <= 3600)"
+    )
+    tool_call_parser: str = _knob(
+        "auto", "auto | hermes | llama3 | mistral: the model's tool-call format, parsed out of its output "
+        "(auto = read from the chat template; hermes for templates without tool support)"
+    )
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(None, "torch intra-op threads in the scheduler (default: all cores)")
@@ -202,6 +217,14 @@ class ServerArgs:
                 f"{self.speculative_ngram_min_match_window} / {self.speculative_ngram_max_match_window}")
         if not 1 <= self.speculative_num_draft_tokens <= 16:
             bad("speculative_num_draft_tokens", f"must be in [1, 16], got {self.speculative_num_draft_tokens}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            bad("grammar_backend", f"must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
+        if not 1 <= self.grammar_cache_size <= 100_000:
+            bad("grammar_cache_size", f"must be in [1, 100000], got {self.grammar_cache_size}")
+        if not 0 < self.grammar_compile_timeout <= 3600:
+            bad("grammar_compile_timeout", f"must be in (0, 3600] seconds, got {self.grammar_compile_timeout}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            bad("tool_call_parser", f"must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
         if not 0 <= self.node_rank < self.nnodes:
             bad("node_rank", f"must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.context_length is not None and self.context_length < 2:

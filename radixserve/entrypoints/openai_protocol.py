@@ -25,6 +25,19 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(_Request):
+    name: str | None = None
+    description: str | None = None
+    # `schema` would shadow BaseModel.schema(); the JSON key is still "schema"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
 class _SamplingFields(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names + vLLM extras)."""
 
@@ -51,6 +64,15 @@ class _SamplingFields(_Request):
     no_stop_trim: bool | None = None
     rid: str | None = None
     timeout: float | None = None  # seconds; the request is aborted after it (408)
+    # structured output: OpenAI's response_format, SGLang's native names and vLLM's guided_* (one at most)
+    response_format: ResponseFormat | None = None
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -65,11 +87,45 @@ class CompletionRequest(_SamplingFields):
     user: str | None = None
 
 
+class FunctionCallIn(_Request):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string
+
+
+class ToolCallIn(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # a string, or OpenAI content parts [{"type": "text", "text": ...}]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+
+class FunctionDef(_Request):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")  # OpenAI's rule for function names
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; absent = no parameters
+    strict: bool | None = None
+
+
+class ToolDef(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -79,6 +135,9 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     user: str | None = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class GenerateRequest(_Request):
@@ -151,9 +210,21 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):

@@ -36,20 +36,23 @@ _PARAM_FIELDS = {
 }
 
 
-_STRUCTURED = "structured output (JSON mode, schemas, grammars) is not supported yet"
-_TOOLS = "tool / function calling is not supported yet"
 # Fields refused with a 400 naming them (a feature asked for and not built is an error, not a no-op).
 UNSUPPORTED_CHAT = {
-    "tools": _TOOLS, "tool_choice": _TOOLS, "functions": _TOOLS, "function_call": _TOOLS,
-    "response_format": _STRUCTURED, "guided_json": _STRUCTURED, "guided_regex": _STRUCTURED,
-    "guided_grammar": _STRUCTURED, "guided_choice": _STRUCTURED, "json_schema": _STRUCTURED,
-    "regex": _STRUCTURED, "ebnf": _STRUCTURED,
+    "functions": "the deprecated functions API is not supported: use tools",
+    "function_call": "the deprecated functions API is not supported: use tool_choice",
     "audio": "audio output is not supported (a text model)", "modalities": "only text is supported",
     "prediction": "predicted outputs are not supported", "web_search_options": "web search is not supported",
 }
-UNSUPPORTED_COMPLETIONS = {k: v for k, v in UNSUPPORTED_CHAT.items()
-                           if k in ("response_format", "guided_json", "guided_regex", "guided_grammar",
-                                    "guided_choice", "json_schema", "regex", "ebnf")}
+UNSUPPORTED_COMPLETIONS: dict[str, str] = {}
+
+# client field -> the SamplingParams constraint it sets (constrained/grammar_spec.py)
+_CONSTRAINT_FIELDS = {"json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf", "guided_json": "json_schema",
+                      "guided_regex": "regex", "guided_grammar": "ebnf"}
+_REGEX_META = set("\\^$.|?*+()[]{}")
+
+
+def _regex_literal(text: str) -> str:
+    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
 
 
 class OpenAIServingBase:
@@ -72,12 +75,10 @@ class OpenAIServingBase:
     @staticmethod
     def check_unsupported(req: Any, fields: dict[str, str]) -> None:
         """OpenAI fields this server does not implement are refused (400 naming the field), never
-        silently dropped: a client asking for JSON mode or tools must not get plain text."""
+        silently dropped: a client asking for a feature must not get a plain answer instead."""
         extra = getattr(req, "model_extra", None) or {}
         for name, why in fields.items():
             value = extra.get(name)
-            if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
-                continue  # plain text is what every request gets anyway
             if value is not None:
                 raise APIError(400, f"{name}: {why}", name, "unsupported_parameter")
 
@@ -87,6 +88,37 @@ class OpenAIServingBase:
         # NOTE: temperature 0 must reach the scheduler as greedy, so only None means "unset".
         d["max_new_tokens"] = max_new_tokens
         return d
+
+    @staticmethod
+    def constraint(req: Any, structural_tag: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """The request's one grammar constraint as sampling params, and the rename that makes an
+        error about it name the field the client sent. Two constraints are a 400."""
+        given: list[tuple[str, str, Any]] = []  # (client field, SamplingParams field, value)
+        rf = req.response_format
+        if rf is not None and rf.type == "json_object":
+            given.append(("response_format", "json_schema", {"type": "object"}))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise APIError(400, "response_format: json_schema is required when type is json_schema",
+                               "response_format")
+            given.append(("response_format", "json_schema", rf.json_schema.schema_ or {"type": "object"}))
+        for name, kind in _CONSTRAINT_FIELDS.items():
+            value = getattr(req, name, None)
+            if value is not None:
+                given.append((name, kind, value))
+        if req.guided_choice is not None:
+            if not req.guided_choice or not all(req.guided_choice):
+                raise APIError(400, "guided_choice: must be a non-empty list of non-empty strings", "guided_choice")
+            given.append(("guided_choice", "regex", "(" + "|".join(map(_regex_literal, req.guided_choice)) + ")"))
+        if structural_tag is not None:
+            given.append(("tool_choice", "structural_tag", structural_tag))
+        if not given:
+            return {}, {}
+        if len(given) > 1:
+            raise APIError(400, f"{given[1][0]}: cannot be combined with {given[0][0]} (one constraint per request)",
+                           given[1][0])
+        name, kind, value = given[0]
+        return {kind: value}, {kind: name}
 
     def normalize(self, obj: GenerateReqInput, renames: dict[str, str] | None = OPENAI_RENAMES
                   ) -> tuple[list[TokenizedGenerateReqInput], bool]:

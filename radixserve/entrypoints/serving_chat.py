@@ -1,7 +1,14 @@
-"""POST /v1/chat/completions: messages -> the tokenizer's chat template -> generation."""
+"""POST /v1/chat/completions: messages -> the tokenizer's chat template -> generation.
+
+Tools: `tools` are rendered through the template (function_call/tool_prompt.py), the output is
+parsed by the model's tool-call format (function_call/tool_parser.py) into `message.tool_calls`,
+and tool_choice "required" or a named function adds the structural tag that forces that format
+with each function's parameter schema, so the arguments always parse and validate.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -10,6 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from radixserve.constrained.grammar_spec import GrammarSpec
 from radixserve.entrypoints.openai_protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -20,9 +28,13 @@ from radixserve.entrypoints.openai_protocol import (
     ChatResponseMessage,
     ChatStreamChoice,
     ChatTokenLogprob,
+    FunctionCallOut,
+    NamedToolChoice,
+    ToolCallOut,
     TopLogprob,
 )
 from radixserve.entrypoints.openai_serving import (
+    OPENAI_RENAMES,
     SSE_DONE,
     APIError,
     RequestGroup,
@@ -35,7 +47,43 @@ from radixserve.entrypoints.openai_serving import (
     sse_error,
 )
 from radixserve.entrypoints.serving_base import UNSUPPORTED_CHAT, OpenAIServingBase
+from radixserve.function_call.tool_parser import ToolCallDelta, ToolCallParser, detect_format
+from radixserve.function_call.tool_prompt import render_for_template, template_supports_tools
 from radixserve.managers.io_struct import GenerateReqInput
+
+
+class _Tools:
+    """What one request asked of tools: None when it gets none (no tools, or tool_choice none)."""
+
+    def __init__(self, req: ChatCompletionRequest, parser_name: str) -> None:
+        self.defs = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else []
+        choice = req.tool_choice
+        if not self.defs and choice not in (None, "none"):
+            raise APIError(400, "tool_choice: requires tools", "tool_choice")
+        names = [t["function"]["name"] for t in self.defs]
+        if len(set(names)) != len(names):
+            raise APIError(400, "tools: function names must be unique", "tools")
+        for k, t in enumerate(self.defs):
+            params = t["function"].get("parameters")
+            if params is not None:
+                try:
+                    GrammarSpec("json_schema", json.dumps(params)).check()
+                except ValueError as e:
+                    raise APIError(400, f"tools.{k}.function.parameters: {str(e).split(': ', 1)[1]}", "tools") from None
+        self.named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if self.named is not None and self.named not in names:
+            raise APIError(400, f"tool_choice: function {self.named!r} is not in tools ({', '.join(names)})",
+                           "tool_choice")
+        self.active = bool(self.defs) and choice != "none"
+        self.parallel = req.parallel_tool_calls is not False
+        self.parser_name = parser_name
+        self.forced = self.active and (choice == "required" or self.named is not None)
+
+    def parser(self) -> ToolCallParser:
+        return ToolCallParser.create(self.parser_name)
+
+    def structural_tag(self) -> dict[str, Any] | None:
+        return self.parser().structural_tag(self.defs, self.named, self.parallel) if self.forced else None
 
 
 class OpenAIServingChat(OpenAIServingBase):
@@ -46,19 +94,21 @@ class OpenAIServingChat(OpenAIServingBase):
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
         top_k = self.check_top_logprobs(req.top_logprobs, "top_logprobs")
-        prompt = self.apply_template(req.messages)
+        tools = _Tools(req, self.tool_parser_name)
+        prompt = self.apply_template(req.messages, tools.defs if tools.active else None)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
+        constraint, renames = self.constraint(req, tools.structural_tag())
         # max_tokens absent: generate until EOS or the context is full (default_max_new_tokens -1).
         subs, _ = self.normalize(GenerateReqInput(
-            text=prompt, sampling_params=self.sampling_dict(req, max_new), rid=rid,
+            text=prompt, sampling_params={**self.sampling_dict(req, max_new), **constraint}, rid=rid,
             return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,
-            default_max_new_tokens=-1, add_special_tokens=False,  # the template writes its own BOS
-        ))
+            default_max_new_tokens=-1,  # the tokenizer's BOS rule; a template's own BOS is not doubled
+        ), {**OPENAI_RENAMES, **renames})
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
-            return SSEResponse(self._stream(request, req, rid, group, top_k, n), group)
+            return SSEResponse(self._stream(request, req, rid, group, top_k, n, tools), group)
         try:
             outs = await group.results(request)
         finally:
@@ -70,14 +120,27 @@ class OpenAIServingChat(OpenAIServingBase):
             if req.logprobs:
                 logprobs = ChatLogprobs(content=self._logprobs(all_logprob_items(out), top_k))
             message = ChatResponseMessage(content=out["text"])
+            if tools.active:
+                content, calls = tools.parser().parse(out["text"])
+                calls = calls if tools.parallel else calls[:1]
+                if calls:
+                    message = ChatResponseMessage(content=content or None, tool_calls=[
+                        ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
+                        for c in calls])
+                    reason = "tool_calls" if reason == "stop" else reason
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason,
                                       matched_stop=matched))
         resp = ChatCompletionResponse(id=rid, model=self.model_name, choices=choices,
                                       usage=self.usage(outs, n))
         return JSONResponse(resp.model_dump())
 
-    def apply_template(self, messages: list[ChatMessage]) -> str:
-        """OpenAI messages -> prompt text via the tokenizer's own chat template."""
+    @property
+    def tool_parser_name(self) -> str:
+        name = self.server_args.tool_call_parser
+        return detect_format(self.tokenizer.chat_template) if name == "auto" else name
+
+    def apply_template(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
+        """OpenAI messages (and tools) -> prompt text via the tokenizer's own chat template."""
         plain: list[dict[str, Any]] = []
         for k, m in enumerate(messages):
             content = m.content
@@ -89,12 +152,42 @@ class OpenAIServingChat(OpenAIServingBase):
                         raise APIError(400, why, "messages")
                     texts.append(part["text"])
                 content = "".join(texts)
+            if m.role == "tool" and not m.tool_call_id:
+                raise APIError(400, f"messages.{k}.tool_call_id: a tool message must name the call it answers",
+                               "messages")
             # "developer" is OpenAI's new name for "system"; templates only know the latter.
-            plain.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+            d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+            if m.tool_calls:
+                d["tool_calls"] = [tc.model_dump(exclude_none=True) for tc in m.tool_calls]
+            if m.tool_call_id:
+                d["tool_call_id"] = m.tool_call_id
+            if m.name:
+                d["name"] = m.name
+            plain.append(d)
+        plain, extra = render_for_template(plain, tools, template_supports_tools(self.tokenizer.chat_template))
         try:
-            return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False, **extra)
         except Exception as e:  # noqa: BLE001  # a template's own raise_exception(...) is a client error
             raise APIError(400, f"messages: the chat template rejected them: {e}", "messages") from None
+
+    @staticmethod
+    def _tool_deltas(parser: ToolCallParser, text: str, deltas: list[ToolCallDelta],
+                     parallel: bool) -> list[dict[str, Any]]:
+        """OpenAI stream deltas: content, then tool_calls[index] opened with id / name and filled with
+        arguments in pieces. Whitespace between calls is not content."""
+        out: list[dict[str, Any]] = []
+        if text and not (parser.calls and not text.strip()):
+            out.append({"content": text})
+        for d in deltas:
+            if not parallel and d.index > 0:
+                continue
+            if d.id is not None:
+                call = {"index": d.index, "id": d.id, "type": "function",
+                        "function": {"name": d.name, "arguments": d.arguments}}
+            else:
+                call = {"index": d.index, "function": {"arguments": d.arguments}}
+            out.append({"tool_calls": [call]})
+        return out
 
     def _logprobs(self, items: list[tuple[float, int, list[tuple[int, float]]]], top_k: int) -> list[ChatTokenLogprob]:
         content = []
@@ -107,10 +200,11 @@ class OpenAIServingChat(OpenAIServingBase):
         return content
 
     async def _stream(self, request: Request, req: ChatCompletionRequest, rid: str, group: RequestGroup,
-                      top_k: int, n: int) -> AsyncIterator[str]:
+                      top_k: int, n: int, tools: _Tools) -> AsyncIterator[str]:
         created = int(time.time())
         num = len(group.subs)
         finals: list[dict[str, Any]] = [{} for _ in range(num)]
+        parsers = [tools.parser() if tools.active else None for _ in range(num)]
 
         def chunk(i: int, delta: dict[str, Any], logprobs: ChatLogprobs | None = None,
                   reason: str | None = None, matched: Any = None) -> str:
@@ -125,11 +219,23 @@ class OpenAIServingChat(OpenAIServingBase):
                 logprobs = None
                 if req.logprobs:
                     logprobs = ChatLogprobs(content=self._logprobs(new_logprob_items(out), top_k))
-                if out["delta"] or (logprobs and logprobs.content):
-                    yield chunk(i, {"content": out["delta"]}, logprobs)
+                parser = parsers[i]
+                if parser is None:
+                    if out["delta"] or (logprobs and logprobs.content):
+                        yield chunk(i, {"content": out["delta"]}, logprobs)
+                else:
+                    text, deltas = parser.feed(out["delta"])
+                    for delta in self._tool_deltas(parser, text, deltas, tools.parallel):
+                        yield chunk(i, delta)
                 if out["finished"]:
                     finals[i] = out
                     reason, matched = finish_reason(out["meta_info"])
+                    if parser is not None:
+                        text, deltas = parser.finish()
+                        for delta in self._tool_deltas(parser, text, deltas, tools.parallel):
+                            yield chunk(i, delta)
+                        if parser.calls and reason == "stop":
+                            reason = "tool_calls"
                     yield chunk(i, {}, None, reason, matched)
             if req.stream_options and req.stream_options.include_usage:
                 usage = self.usage(finals, n)

@@ -17,6 +17,7 @@ from radixserve.entrypoints.openai_protocol import (
     CompletionResponse,
 )
 from radixserve.entrypoints.openai_serving import (
+    OPENAI_RENAMES,
     SSE_DONE,
     APIError,
     RequestGroup,
@@ -45,14 +46,15 @@ class OpenAIServingCompletion(OpenAIServingBase):
             raise APIError(400, "suffix is not supported", "suffix")
         top_k = self.check_top_logprobs(req.logprobs, "logprobs")
         text, ids = self._prompt_fields(req.prompt)
-        params = self.sampling_dict(req, req.max_tokens)
+        constraint, renames = self.constraint(req)
+        params = {**self.sampling_dict(req, req.max_tokens), **constraint}
         rid = req.rid or f"cmpl-{uuid.uuid4().hex}"
         want_logprobs = req.logprobs is not None
         subs, _ = self.normalize(GenerateReqInput(
             text=text, input_ids=ids, sampling_params=params, rid=rid, return_logprob=want_logprobs,
             top_logprobs_num=top_k, return_prompt_logprob=want_logprobs and bool(req.echo), timeout=req.timeout,
             default_max_new_tokens=DEFAULT_MAX_TOKENS,  # OpenAI's, when max_tokens is absent
-        ))
+        ), {**OPENAI_RENAMES, **renames})
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:

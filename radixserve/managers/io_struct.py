@@ -32,8 +32,8 @@ class GenerateReqInput:
     # max_new_tokens when sampling_params has none: None = SamplingParams' default (128), -1 = until
     # the context is full. Either way clamped to what the context leaves (an explicit value is not).
     default_max_new_tokens: int | None = None
-    # Text prompts get the tokenizer's own special tokens (a BOS where its settings ask for one);
-    # chat prompts are rendered by a template that writes its own, so they pass False.
+    # Text prompts (chat prompts too, after the template) get the tokenizer's own special tokens: a BOS
+    # where its settings ask for one, never two (RequestNormalizer.tokenize).
     add_special_tokens: bool = True
 
 

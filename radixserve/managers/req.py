@@ -86,6 +86,12 @@ class Req:
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
 
+    # constrained decoding (constrained/): the compile in flight while the request sits in the grammar
+    # queue, then its matcher, which has accepted exactly output_ids
+    grammar_future: Any = None
+    grammar_queued_at: float = 0.0
+    grammar: Any = None
+
     # ------------------------------------------------------------------ state
     @property
     def seqlen(self) -> int:

@@ -44,6 +44,7 @@ class RequestLimits:
     max_stop_string_len: int
     max_logit_bias: int
     default_timeout: float | None
+    constraints_enabled: bool = True  # --grammar-backend != none
 
     @classmethod
     def build(cls, args: ServerArgs, context_len: int, vocab_size: int, max_total_num_tokens: int) -> RequestLimits:
@@ -60,6 +61,7 @@ class RequestLimits:
             max_stop_string_len=args.max_stop_string_len,
             max_logit_bias=args.max_logit_bias,
             default_timeout=args.request_timeout,
+            constraints_enabled=args.grammar_backend != "none",
         )
 
     def limit_name(self) -> str:
@@ -87,6 +89,9 @@ def check_params(params: SamplingParams, limits: RequestLimits) -> None:
         raise ValueError(f"stop_token_ids: at most {limits.max_stop_strings} ids, got {len(params.stop_token_ids)}")
     if len(params.logit_bias) > limits.max_logit_bias:
         raise ValueError(f"logit_bias: at most {limits.max_logit_bias} entries, got {len(params.logit_bias)}")
+    spec = params.constraint()
+    if spec is not None and not limits.constraints_enabled:
+        raise ValueError(f"{spec.kind}: constrained decoding is off on this server (--grammar-backend none)")
 
 
 def check_tokenized(req: TokenizedGenerateReqInput, limits: RequestLimits) -> None:
@@ -133,7 +138,12 @@ class RequestNormalizer:
     def tokenize(self, text: Any, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise ValueError(f"prompt: must be a string, got {type(text).__name__}")
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if add_special_tokens and bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
+            # the BOS the tokenizer's settings add, and the one the text (a chat template) wrote: once
+            ids = ids[1:]
+        return ids
 
     def prompts(self, obj: GenerateReqInput) -> tuple[list[list[int]], bool]:
         """(token id lists, is_batch) from exactly one of text / input_ids."""
@@ -174,6 +184,10 @@ class RequestNormalizer:
             params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens) \
                 if _is_int(params.min_new_tokens) else params.min_new_tokens
         check_params(params, self.limits)
+        spec = params.constraint()
+        if spec is not None:
+            # Parsed here, where a bad one is still a 400; compiling waits for the scheduler's worker.
+            spec.check()
         return params
 
     # ------------------------------------------------------------------ all of it

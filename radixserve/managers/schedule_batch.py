@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixserve.constrained.xgrammar_backend import (
+    fill_draft_masks,
+    fill_vocab_mask,
+    new_bitmask,
+    valid_draft_prefix,
+)
 from radixserve.managers.req import Req
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
@@ -44,6 +50,8 @@ class ScheduleBatch:
     out_cache_loc: torch.Tensor | None = None
     # MIXED: how many of `reqs` (at the front) are the prefill part
     num_extend_reqs: int = 0
+    # TARGET_VERIFY with constrained requests: the grammar bitmask of every verified position
+    spec_vocab_mask: torch.Tensor | None = None
 
     def is_empty(self) -> bool:
         return not self.reqs
@@ -128,7 +136,17 @@ class ScheduleBatch:
         Slots are allocated for all L positions; the scheduler frees the rejected ones after
         verification (release_rejected), so the KV and the radix cache only hold verified tokens."""
         self.forward_mode = ForwardMode.TARGET_VERIFY
+        grammars = [r.grammar for r in self.reqs]
+        # a constrained request's draft stops before its first token the grammar rejects
+        drafts = [d if g is None else valid_draft_prefix(g, d) for g, d in zip(grammars, drafts)]
         width = 1 + max(len(d) for d in drafts)
+        self.spec_vocab_mask = None
+        if any(g is not None for g in grammars):
+            first = next(g for g in grammars if g is not None)
+            self.spec_vocab_mask = new_bitmask(len(self.reqs) * width, first.vocab_size)
+            for i, (g, d) in enumerate(zip(grammars, drafts)):
+                if g is not None:
+                    fill_draft_masks(g, d, self.spec_vocab_mask, i * width)
         self.input_ids = []
         for r, d in zip(self.reqs, drafts):
             r.spec_draft = list(d)
@@ -213,6 +231,7 @@ class ScheduleBatch:
             self.reqs[lo:hi], self.req_to_token_pool, self.allocator, self.tree_cache, forward_mode=mode,
             input_ids=self.input_ids[t_lo:t_hi], seq_lens=self.seq_lens[lo:hi], prefix_lens=prefix_lens,
             out_cache_loc=self.out_cache_loc[t_lo:t_hi], num_extend_reqs=n_ext,
+            spec_vocab_mask=None if self.spec_vocab_mask is None else self.spec_vocab_mask[t_lo:t_hi],
         )
 
     # ------------------------------------------------------------------ hand-over
@@ -241,4 +260,15 @@ class ScheduleBatch:
             return_logprob=return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs] if return_logprob else [],
             prompt_logprob_targets=targets if any(t is not None for t in targets) else [],
+            vocab_mask=self.vocab_mask(),
         )
+
+    def vocab_mask(self) -> torch.Tensor | None:
+        """The batch's grammar bitmask, a row per sampled position; None when nothing is constrained.
+        TARGET_VERIFY masks were built with the drafts (NgramWorker.propose)."""
+        if self.forward_mode.is_target_verify():
+            return self.spec_vocab_mask
+        if not any(r.grammar is not None for r in self.reqs):
+            return None
+        # a request mid chunked prefill samples nothing this step
+        return fill_vocab_mask([None if r.is_chunked else r.grammar for r in self.reqs])

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 
+from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.trace import BatchTracer
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
@@ -75,6 +76,8 @@ class Scheduler:
         # requests out at the same step (None = this process's own clock)
         self.clock_override: float | None = None
         self.spec_worker = NgramWorker.create(server_args, runner)
+        # constrained requests wait here while their grammar compiles (the backend is built on first use)
+        self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
 
     @property
     def failed_forward_streak(self) -> int:
@@ -111,10 +114,20 @@ class Scheduler:
             deadline=None if recv.timeout is None else self.now() + recv.timeout,
         )
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
-        self.waiting_queue.append(req)
+        spec = req.sampling_params.constraint()
+        if spec is not None:
+            self.grammar_queue.add(req, spec, self.now())
+        else:
+            self.waiting_queue.append(req)
         return None
 
     def abort_request(self, rid: str) -> None:
+        for req in list(self.grammar_queue.reqs):
+            if req.rid == rid:
+                self.grammar_queue.remove(req)
+                req.finished_reason = FinishReason("abort", message="aborted")
+                self.output_processor.pending.append(req)
+                return
         for req in list(self.waiting_queue):
             if req.rid == rid:
                 # Waiting requests hold nothing (a retracted one gave its KV back when retracted).
@@ -133,6 +146,11 @@ class Scheduler:
         def late(r: Req) -> bool:
             return r.deadline is not None and now > r.deadline and not r.finished() and not r.to_abort
 
+        for req in [r for r in self.grammar_queue.reqs if late(r)]:
+            self.grammar_queue.remove(req)
+            self._timed_out(req)
+            req.finished_reason = req.to_abort
+            self.output_processor.pending.append(req)
         for req in [r for r in self.waiting_queue if late(r)]:
             self.waiting_queue.remove(req)
             self._timed_out(req)
@@ -165,12 +183,27 @@ class Scheduler:
 
     # ------------------------------------------------------------------ step
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req)
+        return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req or self.grammar_queue.reqs)
+
+    def only_compiling(self) -> bool:
+        """True when the only work is grammars compiling: the loop may wait a little for messages."""
+        return bool(self.grammar_queue.reqs) and not (self.waiting_queue or self.running_batch.reqs
+                                                       or self.chunked_req)
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar is ready join the waiting queue; a grammar that failed is a 400."""
+        ready, failed = self.grammar_queue.pop_ready(self.now())
+        self.waiting_queue.extend(ready)
+        for req, message in failed:
+            req.error = (400, message)
+            req.finished_reason = FinishReason("abort", message=message)
+            self.output_processor.pending.append(req)
 
     def step(self) -> list[ReqOutput]:
         """Run one scheduling step (if there is work) and return the outputs it produced."""
         t0 = time.perf_counter()
         self._reap_aborted()
+        self._admit_compiled()
         batch = self.get_next_batch_to_run()
         if batch is not None:
             self.isolation.run(batch)
@@ -356,6 +389,8 @@ class Scheduler:
             if req.top_logprobs_num and sample.top_logprobs is not None:
                 req.output_top_logprobs.append(sample.top_logprobs[i])
         reason = self.output_processor.check_finished(req, self.model_config.context_len)
+        if req.grammar is not None:
+            reason = GrammarQueue.advance(req, next_id, reason)
         if reason is not None:
             self._finish(req, reason)
         else:
@@ -380,6 +415,7 @@ class Scheduler:
             "num_cached_tokens": cached,
             "num_running_reqs": len(self.running_batch.reqs) + (1 if self.chunked_req else 0),
             "num_waiting_reqs": len(self.waiting_queue),
+            **self.grammar_queue.info(),
             "cache_hit_rate": self.stats["cached_tokens"] / max(1, self.stats["prompt_tokens"]),
             "num_retractions": self.stats["num_retractions"],
             "num_failed_reqs": self.stats["num_failed_reqs"],

@@ -84,8 +84,10 @@ class SchedulerProcess:
 
     def recv_requests(self, block: bool) -> list[Any]:
         msgs: list[Any] = []
-        if block and not self.recv_sock.poll(timeout=200):
-            if os.getppid() != self.parent_pid:  # the server died without telling us
+        # only grammars compiling: wait for messages a little instead of spinning through empty steps
+        wait_ms = 200 if block else 2 if self.scheduler.only_compiling() else 0
+        if wait_ms and not self.recv_sock.poll(timeout=wait_ms):
+            if block and os.getppid() != self.parent_pid:  # the server died without telling us
                 self.running = False
             return msgs
         while True:

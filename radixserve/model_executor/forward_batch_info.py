@@ -91,6 +91,10 @@ class ModelWorkerBatch:
     prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (see speculative/ngram.py)
+    # Constrained decoding: xgrammar's bitmask int32 [rows, ceil(vocab / 32)] of the allowed next tokens,
+    # one row per sampled position (a request; TARGET_VERIFY: each verified position), filled by the
+    # scheduler from each request's grammar; None when no request is constrained.
+    vocab_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -174,6 +178,7 @@ class ForwardBatch:
                 eos_token_ids=model_runner.model_config.eos_token_ids,
                 device=device,
                 prompt_ids=batch.prompt_ids,
+                vocab_mask=batch.vocab_mask,
             )
         fb = cls(
             forward_mode=batch.forward_mode,

@@ -41,6 +41,7 @@ from radixserve.layers.linear import (
 )
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
+from radixserve.constrained.xgrammar_backend import apply_vocab_mask_
 from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -280,7 +281,12 @@ class ModelRunner:
     def _sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
         logits = logits_output.next_token_logits
         if forward_batch.forward_mode.is_target_verify():
-            # Verification is greedy per draft position (speculative decoding keeps greedy exact).
+            # Verification is greedy per draft position (speculative decoding keeps greedy exact); a
+            # constrained request's positions take the argmax among what its grammar allows there.
+            info = forward_batch.sampling_info
+            if info is not None and info.vocab_mask is not None:
+                logits = logits.to(torch.float32, copy=True)
+                apply_vocab_mask_(logits, info.vocab_mask)
             return SampleOutput(next_token_ids=self.parallel_state.broadcast_tensor(torch.argmax(logits, dim=-1)))
         raw = logits.clone() if forward_batch.return_logprob else None
         next_ids = self.sampler(logits, forward_batch.sampling_info)

@@ -17,6 +17,8 @@ Order of logit edits (apply_logits_processing), each only on the rows that asked
                             the EOS ids too unless ignore_eos (with ignore_eos EOS does not
                             end the request, so there is nothing to hold back; stop_token_ids
                             still would end it, so they stay masked)
+    5. grammar mask         constrained rows: tokens their grammar does not allow -> -inf
+                            (last, so no edit can bring back a token the grammar excludes)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.constrained.xgrammar_backend import apply_vocab_mask_
 from radixserve.sampling.penalties import (
     SparseEntries,
     apply_add_,
@@ -81,6 +84,8 @@ class SamplingBatchInfo:
     min_tokens_mask: SparseEntries | None = None  # (row, token) pairs forced to -inf
     # (row, torch generator seed for this step) for non-greedy rows that carry a seed.
     seeded_rows: list[tuple[int, int]] | None = None
+    # constrained decoding: xgrammar bitmask [rows, ceil(vocab / 32)] (see ModelWorkerBatch.vocab_mask)
+    vocab_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -91,7 +96,8 @@ class SamplingBatchInfo:
         """False for the common case: then apply_logits_processing() is a no-op."""
         return any(
             e is not None
-            for e in (self.repetition, self.frequency_presence, self.logit_bias, self.min_tokens_mask)
+            for e in (self.repetition, self.frequency_presence, self.logit_bias, self.min_tokens_mask,
+                      self.vocab_mask)
         )
 
     @staticmethod
@@ -109,6 +115,7 @@ class SamplingBatchInfo:
         eos_token_ids: Sequence[int] | int | None,
         device: torch.device | str,
         prompt_ids: list[list[int]] | None = None,
+        vocab_mask: torch.Tensor | None = None,
     ) -> SamplingBatchInfo:
         """Derive the batch's tensors.
 
@@ -209,6 +216,7 @@ class SamplingBatchInfo:
             if p.seed is not None and not g
         ]
         info.seeded_rows = seeded or None
+        info.vocab_mask = vocab_mask
         return info
 
     # ------------------------------------------------------------------ apply
@@ -225,4 +233,6 @@ class SamplingBatchInfo:
             apply_add_(logits, self.logit_bias)
         if self.min_tokens_mask is not None:
             apply_mask_(logits, self.min_tokens_mask)
+        if self.vocab_mask is not None:
+            apply_vocab_mask_(logits, self.vocab_mask)
         return logits

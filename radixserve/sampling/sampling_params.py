@@ -19,6 +19,13 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from radixserve.constrained.grammar_spec import (
+    CONSTRAINT_FIELDS,
+    MAX_CONSTRAINT_CHARS,
+    GrammarSpec,
+    normalise_constraint,
+)
+
 # Below this a temperature is treated as 0: dividing logits by ~1e-7 only amplifies float
 # noise, and argmax is what such a request asks for anyway.
 GREEDY_TEMPERATURE_EPS = 1e-6
@@ -66,6 +73,12 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     n: int = 1
+    # Constrained decoding (constrained/): at most one; a JSON schema or structural tag may be given
+    # as an object, it is kept as its JSON text.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
         self.normalise()
@@ -110,6 +123,8 @@ class SamplingParams:
             self.stop_token_ids = [self.stop_token_ids]
         elif isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids)
+        for name in CONSTRAINT_FIELDS:
+            setattr(self, name, normalise_constraint(getattr(self, name), name))
         if self.logit_bias is None:
             self.logit_bias = {}
         elif isinstance(self.logit_bias, dict):
@@ -184,7 +199,29 @@ class SamplingParams:
             if not _is_number(bias) or not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for {tok}")
 
+        given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: give at most one of {', '.join(CONSTRAINT_FIELDS)}, got {', '.join(given)}")
+        for name in given:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {type(value).__name__}")  # noqa: TRY004
+            if not 0 < len(value) <= MAX_CONSTRAINT_CHARS:
+                raise ValueError(f"{name} must have 1..{MAX_CONSTRAINT_CHARS} characters, got {len(value)}")
+            if self.min_new_tokens > 0:
+                # holding back EOS could leave a finished grammar no token at all
+                raise ValueError(f"min_new_tokens cannot be combined with {name}: the grammar decides where "
+                                 "the output ends")
+
     # ------------------------------------------------------------------ views
+    def constraint(self) -> GrammarSpec | None:
+        """The grammar this request is constrained by, or None."""
+        for name in CONSTRAINT_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                return GrammarSpec(name, value)
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (fresh lists / dicts; logit_bias keys stay int)."""
         return asdict(self)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.layers.linear import QUANT_MAX_ROWS
 from radixserve.managers.schedule_batch import OutOfKVSlots
 from radixserve.speculative.ngram import NgramIndex
@@ -162,6 +163,8 @@ class NgramWorker:
                 req.first_token_time = time.perf_counter()
             sched.stats["generation_tokens"] += 1
             reason = sched.output_processor.check_finished(req, sched.model_config.context_len)
+            if req.grammar is not None:
+                reason = GrammarQueue.advance(req, tok, reason)
             if reason is not None:
                 break
         batch.release_rejected(req, alloc_len)

@@ -6,6 +6,8 @@ digest across ranks (it would raise if the schedulers diverged)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -59,6 +61,10 @@ def test_tiny_models_split_or_replicate_kv_heads(tmp_path, default_model_path, t
                      num_threads=1) as eng:
             outs[size] = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "temperature": 0.0,
                                                                       "ignore_eos": True}, return_logprob=True)
+            # a constrained request: every rank compiles its grammar and they agree on when it is ready
+            outs[size, "regex"] = eng.generate(input_ids=ids[0], sampling_params={
+                "max_new_tokens": 12, "temperature": 0.0, "regex": "[a-z]{3,6}"})["text"]
+    assert outs[1, "regex"] == outs[tp, "regex"] and re.fullmatch("[a-z]{3,6}", outs[tp, "regex"])
     for a, b in zip(outs[1], outs[tp]):
         assert len(a["output_ids"]) == len(b["output_ids"]) == 4
         assert a["output_ids"][0] == b["output_ids"][0]

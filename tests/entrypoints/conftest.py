@@ -127,3 +127,26 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
         base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=300
     ) as c:
         yield c
+
+
+STRUCTURED_ARGS = ["--context-length", "2048", "--api-key", API_KEY, "--max-total-tokens", "16384",
+                   "--check-invariants", "--quantization", "none", "--served-model-name", "smol,smollm2-alias"]
+
+
+@pytest.fixture(scope="session")
+def structured_server() -> Iterator[ServerProcess]:
+    """A server with room for tool prompts (the generic tool rendering alone is ~150 tokens), shared by
+    the structured-output, tool-calling and real-client tests."""
+    srv = ServerProcess(STRUCTURED_ARGS, api_key=API_KEY, context_len=2048)
+    srv.start()
+    srv.wait_ready()
+    yield srv
+    srv.stop()
+    shutil.rmtree(srv.tmpdir, ignore_errors=True)
+
+
+@pytest.fixture
+def sclient(structured_server: ServerProcess) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=structured_server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)

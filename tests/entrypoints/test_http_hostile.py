@@ -215,11 +215,11 @@ def test_request_timeout_is_408_and_frees_kv(http) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("tool_choice", "required"),
-    ("response_format", {"type": "json_object"}),
     ("functions", [{"name": "f"}]),
+    ("function_call", "auto"),
     ("audio", {"voice": "alloy"}),
+    ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}),
 ])
 def test_unimplemented_openai_fields_are_refused_by_name(http, field, value) -> None:
     r = http.post("/v1/chat/completions", json={**GOOD, field: value})

@@ -20,17 +20,20 @@ def greedy(max_new_tokens: int = 8, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True, **kw)
 
 
-def run(sched, prompts: dict[str, list[int]], params: SamplingParams, arrive: dict[str, int] | None = None,
-        on_step=None, max_steps: int = 100_000) -> dict[str, Finished]:
-    """Submit prompts (at step arrive[rid], default 0) and step until all finish."""
+def run(sched, prompts: dict[str, list[int]], params: SamplingParams | dict[str, SamplingParams],
+        arrive: dict[str, int] | None = None, on_step=None, max_steps: int = 100_000,
+        logprobs: bool = True) -> dict[str, Finished]:
+    """Submit prompts (at step arrive[rid], default 0) and step until all finish. `params`: one for
+    every request, or one per rid."""
     arrive = arrive or {}
     results = {rid: Finished() for rid in prompts}
     pending = dict(prompts)
     step = 0
     while pending or sched.has_work():
         for rid in [r for r in pending if arrive.get(r, 0) <= step]:
+            p = params[rid] if isinstance(params, dict) else params
             err = sched.add_request(TokenizedGenerateReqInput(
-                rid, pending.pop(rid), params, return_logprob=True, top_logprobs_num=2))
+                rid, pending.pop(rid), p, return_logprob=logprobs, top_logprobs_num=2 if logprobs else 0))
             assert err is None, err.error
         for out in sched.step():
             res = results[out.rid]

@@ -92,3 +92,33 @@ def test_pool_smaller_than_context_is_the_limit(tokenizer) -> None:
     with pytest.raises(ValueError, match="KV pool"):
         RequestNormalizer(tokenizer, limits).normalize(GenerateReqInput(input_ids=[1] * 50,
                                                                         sampling_params={"max_new_tokens": 60}))
+
+
+def _bos_tokenizer(add_bos: bool):
+    """A real fast tokenizer (tokenizers + transformers) whose settings add a BOS, with a chat template
+    that writes its own BOS too (as Llama 2 / Mistral templates do)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, "hi": 3, "there": 4, "[INST]": 5, "[/INST]": 6}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<s>", "</s>"])
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = "{{ bos_token }}{% for m in messages %} [INST] {{ m['content'] }} [/INST]{% endfor %}"
+    return fast
+
+
+def test_bos_follows_the_tokenizer_and_is_never_doubled() -> None:
+    from radixserve.managers.request_normalizer import RequestLimits, RequestNormalizer
+    from radixserve.server_args import ServerArgs
+
+    limits = RequestLimits.build(ServerArgs(), 64, 7, 1000)
+    for add_bos in (True, False):
+        tok = _bos_tokenizer(add_bos)
+        norm = RequestNormalizer(tok, limits)
+        assert norm.tokenize("hi there") == ([0, 3, 4] if add_bos else [3, 4])  # a completions prompt
+        chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+        assert norm.tokenize(chat) == [0, 5, 3, 6]  # the template's BOS, once either way
