@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 STEP_LOG_SIZE = 512  # records kept: a few seconds of steps on a GPU, a minute or more on a CPU
 MAX_STEPS_PER_SNAPSHOT = 512  # what one answer may carry (= the ring: a snapshot never grows past it)
-_TIMER_KEYS = ("forward_batch_init_s", "forward_s", "sample_s")  # ModelRunner.timers, cumulative
 
 
 class StepLog:
@@ -38,10 +37,10 @@ class StepLog:
     def record(self, step: int, batch: ScheduleBatch, result: GenerationBatchResult, sched: Scheduler) -> StepRecord:
         # The ModelRunner keeps cumulative timers; this step's share is the difference since the last record.
         timers = sched.model_runner.timers
-        now = tuple(timers[k] for k in _TIMER_KEYS)
-        prev, self._prev_timers = self._prev_timers, now
-        timing = (self.schedule_s, now[0] - prev[0], now[1] - prev[1], now[2] - prev[2])
-        rec = StepRecord.capture(step, batch, result, sched, timing)
+        build, forward, sample = timers["forward_batch_init_s"], timers["forward_s"], timers["sample_s"]
+        b0, f0, s0 = self._prev_timers
+        self._prev_timers = (build, forward, sample)
+        rec = StepRecord.capture(step, batch, result, sched, (self.schedule_s, build - b0, forward - f0, sample - s0))
         self.ring.append(rec)
         self.num_prefill_tokens += rec.num_prefill_tokens
         return rec

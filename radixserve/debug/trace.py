@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixserve.model_executor.forward_batch_info import ForwardMode
+
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import ScheduleBatch
     from radixserve.managers.scheduler import Scheduler
@@ -29,12 +31,13 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class StepRecord:
-    """One step as the scheduler saw it. Only what is cheap to copy is stored; derived fields
-    (extend lengths, the positions range) are computed in to_json(), off the hot path."""
+    """One step as the scheduler saw it. Only what is cheap to copy is stored (the modes as enums, the
+    batch's small lists); names and derived fields (extend lengths, positions range) are made in
+    to_json(), off the hot path. capture() costs a few microseconds at batch 1."""
 
     step: int
     time: float  # wall clock (time.time()) when the forward returned
-    mode: str  # the ScheduleBatch's forward mode
+    mode: ForwardMode  # the ScheduleBatch's forward mode
     rids: list[str]
     prefix_lens: list[int]  # cached / already computed tokens per request
     seq_lens: list[int]  # prefix + this step's tokens per request
@@ -46,7 +49,7 @@ class StepRecord:
     kv_cached: int
     new_token_ratio: float
     spec_drafts: list[list[int]] | None  # TARGET_VERIFY: each request's drafts
-    forward_mode: str  # the ForwardBatch's mode (equals `mode`; both shown, as the seed's order checks)
+    forward_mode: ForwardMode  # the ForwardBatch's mode (equals `mode`; both shown, as the seed's order checks)
     batch_size: int
     num_tokens: int  # query tokens of the forward (len(input_ids))
     num_prefill_tokens: int  # of those, prompt tokens computed (EXTEND / PREFILL, MIXED's extend part)
@@ -60,38 +63,27 @@ class StepRecord:
                 timing: tuple[float, float, float, float]) -> StepRecord:
         fb = result.forward_batch
         mode = batch.forward_mode
-        verify = mode.is_target_verify()
-        num_tokens = int(fb.input_ids.shape[0])
-        if mode.is_decode() or verify:
+        num_tokens = fb.input_ids.shape[0]
+        spec_drafts = None
+        # NOTE: identity tests on the enum members, not is_*() calls: this runs every step.
+        if mode is ForwardMode.DECODE:
             num_prefill = 0
-        elif mode.is_mixed():  # the extend requests come first (ScheduleBatch.num_extend_reqs)
+        elif mode is ForwardMode.TARGET_VERIFY:
+            num_prefill = 0
+            spec_drafts = [list(r.spec_draft) for r in batch.reqs]
+        elif mode is ForwardMode.MIXED:  # the extend requests come first (ScheduleBatch.num_extend_reqs)
             k = batch.num_extend_reqs
             num_prefill = sum(batch.seq_lens[:k]) - sum(batch.prefix_lens[:k])
         else:
             num_prefill = num_tokens
-        return cls(
-            step=step,
-            time=time.time(),
-            mode=mode.name,
-            rids=[r.rid for r in batch.reqs],
-            prefix_lens=list(batch.prefix_lens),
-            seq_lens=list(batch.seq_lens),
-            chunked_rid=sched.chunked_req.rid if sched.chunked_req else None,
-            num_waiting=len(sched.waiting_queue),
-            num_running=len(sched.running_batch.reqs),
-            wait_reason=sched.wait_reason if sched.waiting_queue else None,
-            kv_available=sched.allocator.available_size(),
-            kv_cached=sched.tree_cache.total_size(),
-            new_token_ratio=sched.new_token_ratio,
-            spec_drafts=[list(r.spec_draft) for r in batch.reqs] if verify else None,
-            forward_mode=fb.forward_mode.name,
-            batch_size=fb.batch_size,
-            num_tokens=num_tokens,
-            num_prefill_tokens=num_prefill,
-            schedule_s=timing[0],
-            build_s=timing[1],
-            forward_s=timing[2],
-            sample_s=timing[3],
+        chunked = sched.chunked_req
+        waiting = sched.waiting_queue
+        return cls(  # positional: half the cost of keywords for 22 fields
+            step, time.time(), mode, [r.rid for r in batch.reqs], batch.prefix_lens[:], batch.seq_lens[:],
+            chunked.rid if chunked is not None else None, len(waiting), len(sched.running_batch.reqs),
+            sched.wait_reason if waiting else None, sched.allocator.available_size(),
+            sched.tree_cache.total_size(), sched.new_token_ratio, spec_drafts, fb.forward_mode, fb.batch_size,
+            num_tokens, num_prefill, *timing,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -101,7 +93,7 @@ class StepRecord:
             "step": self.step,
             "time": self.time,
             "schedule": {
-                "mode": self.mode,
+                "mode": self.mode.name,
                 "rids": self.rids,
                 "prefix_lens": self.prefix_lens,
                 "extend_lens": [s - p for s, p in zip(self.seq_lens, self.prefix_lens)],
@@ -116,7 +108,7 @@ class StepRecord:
                 "spec_drafts": self.spec_drafts,
             },
             "forward": {
-                "forward_mode": self.forward_mode,
+                "forward_mode": self.forward_mode.name,
                 "batch_size": self.batch_size,
                 "num_tokens": self.num_tokens,
                 "num_prefill_tokens": self.num_prefill_tokens,
