@@ -29,6 +29,7 @@ POLL_INTERVAL_S = 0.25  # the feed's own rate: 4 snapshots a second at most, for
 STEP_HISTORY = 64  # step records kept here for the dashboards (each stream asks for the newest N <= this)
 STEPS_PER_POLL = 512  # the most one poll fetches (the scheduler's ring): at 4 polls/s, 2,048 steps/s
 MAX_STREAMS = 32  # open metric streams at once; more is a 429 (a tab left open per user is the use case)
+RATE_WINDOW_S = 1.0  # tokens/s are averaged over the last second: a one-step prefill burst shows in several snapshots
 
 _INFO_KEYS = ("num_running_reqs", "num_waiting_reqs", "num_retractions", "num_retracted_waiting_reqs",
               "num_in_flight_reqs", "num_failed_reqs", "num_timed_out_reqs", "max_total_num_tokens",
@@ -46,7 +47,8 @@ class MetricsFeed:
         self.seq = 0  # snapshot number; 0 = none yet
         self._steps: deque[tuple[int, str]] = deque(maxlen=STEP_HISTORY)  # (step, its JSON text)
         self._last_step = -1
-        self._prev: tuple[float, int, int, int] | None = None  # (time, generation, prefill tokens, last step)
+        # (time, generation tokens, prefill tokens, last step) of the polls in the last RATE_WINDOW_S
+        self._samples: deque[tuple[float, int, int, int]] = deque()
         self._head = "{}"  # the latest snapshot without its steps, as JSON text
         self._rendered: dict[int, str] = {}  # n_steps -> SSE event text, for the current seq
         self._changed = asyncio.Event()
@@ -132,12 +134,15 @@ class MetricsFeed:
                       "cached_locked": cached - evictable, "cached_evictable": evictable}
         gen, prefill = int(info.get("generation_tokens", 0)), int(info.get("num_prefill_tokens", 0))
         rates = {"input_tok_s": 0.0, "output_tok_s": 0.0, "steps_s": 0.0}
-        if self._prev is not None:
-            t0, gen0, prefill0, step0 = self._prev
+        # the oldest sample kept is the newest one at least RATE_WINDOW_S old (the window's base)
+        while len(self._samples) > 1 and now - self._samples[1][0] >= RATE_WINDOW_S:
+            self._samples.popleft()
+        if self._samples:
+            t0, gen0, prefill0, step0 = self._samples[0]
             dt = max(1e-6, now - t0)
-            # max(0, ...): a flush_cache or restart may reset a counter; never show a negative rate
+            # max(0, ...): a flush_cache may reset a counter; never show a negative rate
             rates = {"input_tok_s": max(0, prefill - prefill0) / dt, "output_tok_s": max(0, gen - gen0) / dt,
                      "steps_s": max(0, self._last_step - step0) / dt}
-        self._prev = (now, gen, prefill, self._last_step)
+        self._samples.append((now, gen, prefill, self._last_step))
         head["rates"] = {k: round(v, 2) for k, v in rates.items()}
         return head

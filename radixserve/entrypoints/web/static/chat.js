@@ -108,6 +108,7 @@ async function answer() {
           if (stats.ttftMs === null) { stats.ttftMs = now - t0; stats.firstMs = now; }
           stats.lastMs = now;
           stats.chunks += 1;
+          msg.node.dataset.chunks = stats.chunks;
           msg.content += piece;
           msg.body.textContent = msg.content;
         }
