@@ -4,8 +4,8 @@ Debian's headless chromium through playwright, from a server this script starts 
 
     .venv/bin/python scripts/screenshots.py [--out docs] [--base-url URL --api-key KEY]
 
-The server it starts runs --max-running-requests 4, so that the load of 8 requests at a time also
-shows requests waiting, and why, in the pipeline.
+The server it starts runs --max-running-requests 4 (and a small KV pool, so the KV bar shows its
+parts), so that the load of 6 clients also shows requests waiting, and why, in the pipeline.
 """
 
 from __future__ import annotations
@@ -29,27 +29,29 @@ QUESTIONS = ["What is a radix tree?", "Why do serving engines batch requests?", 
              "What limits decode speed?", "What is paged attention?"]
 
 
-def background_load(base: str, key: str, stop: threading.Event, concurrency: int = 8) -> None:
-    """Waves of chat requests sharing one system prompt (so the radix tree has something to share)."""
+def background_load(base: str, key: str, stop: threading.Event, workers: int = 6) -> None:
+    """`workers` clients, each sending chat requests one after the other (different lengths, so they
+    drift apart: prefills land between decode steps), all with one system prompt (so the radix tree
+    has something to share). More clients than --max-running-requests: some always wait."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
 
-    def one(q: str, client: httpx.Client) -> None:
-        body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
-                "max_tokens": 64, "temperature": 0.7, "ignore_eos": True}
-        with contextlib.suppress(httpx.HTTPError):
-            client.post(base + "/v1/chat/completions", json=body)
-
-    with httpx.Client(headers=headers, timeout=600) as client:
-        wave = 0
+    def worker(w: int, client: httpx.Client) -> None:
+        k = 0
         while not stop.is_set():
-            threads = [threading.Thread(target=one, args=(QUESTIONS[(i + wave) % len(QUESTIONS)], client))
-                       for i in range(concurrency)]
-            for i, t in enumerate(threads):
-                t.start()
-                time.sleep(0.15 * (i % 3))  # staggered: prefills land between decode steps
-            for t in threads:
-                t.join()
-            wave += 1
+            body = {"messages": [{"role": "system", "content": SYSTEM},
+                                 {"role": "user", "content": QUESTIONS[(w + k) % len(QUESTIONS)]}],
+                    "max_tokens": 24 + 16 * ((w + k) % 5), "temperature": 0.7, "ignore_eos": True}
+            with contextlib.suppress(httpx.HTTPError):
+                client.post(base + "/v1/chat/completions", json=body)
+            k += 1
+
+    with httpx.Client(headers=headers, timeout=600, limits=httpx.Limits(max_connections=workers)) as client:
+        threads = [threading.Thread(target=worker, args=(w, client)) for w in range(workers)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)
+        for t in threads:
+            t.join()
 
 
 @contextlib.contextmanager
@@ -93,9 +95,9 @@ def take(base: str, key: str, out: str) -> None:
         page.click("a[data-view=dashboard]")
         page.select_option("#dash-interval", "250")
         page.wait_for_selector("#dash-status[data-kind=live]")
-        time.sleep(12)  # let the chart fill and the pipeline show prefill, decode and a waiting queue
+        time.sleep(15)  # let the chart fill and the pipeline show prefill, decode and a waiting queue
         page.wait_for_function("() => parseInt(document.getElementById('m-waiting').textContent) > 0"
-                               " || parseInt(document.getElementById('m-running').textContent) > 1")
+                               " && document.querySelector('#pipeline .mode-EXTEND, #pipeline .mode-PREFILL')")
         page.screenshot(path=os.path.join(out, "dashboard.png"))
         print("wrote", os.path.join(out, "dashboard.png"), flush=True)
         stop.set()
@@ -115,7 +117,7 @@ def main() -> None:
     p.add_argument("--out", default="docs")
     p.add_argument("--base-url", default=None)
     p.add_argument("--api-key", default="screenshot-key")
-    p.add_argument("--server-args", default="--max-running-requests 4 --max-total-tokens 16384")
+    p.add_argument("--server-args", default="--max-running-requests 4 --max-total-tokens 4096")
     args = p.parse_args()
     if args.base_url:
         take(args.base_url.rstrip("/"), args.api_key, args.out)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from radixserve.entrypoints.web.metrics_feed import MAX_STREAMS
-from radixserve.entrypoints.web.routes import STATIC_DIR
+from radixserve.entrypoints.web.routes import STATIC_DIR, _index_page
 from tests.entrypoints.test_http_errors import _check_error, _still_serving
 
 STREAM = "/v1/stream/metrics"
@@ -59,6 +59,11 @@ def test_the_page_is_open_and_self_contained(server) -> None:
             got = httpx.get(f"{server.base_url}/web/{name}")
             assert got.status_code == 200 and got.text == text, name
     _check_error(httpx.get(server.base_url + "/web/nope.js"), 404, None)
+
+
+def test_without_a_key_the_page_asks_for_none() -> None:
+    config = json.loads(re.search(r'id="rs-config">(.*?)</script>', _index_page(False)).group(1))
+    assert config == {"api_key_required": False, "version": config["version"]}
 
 
 def test_the_open_prefix_does_not_open_other_routes(server) -> None:
