@@ -8,7 +8,9 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
+import signal
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 from radixserve.entrypoints.web.metrics_feed import MAX_STREAMS
 from radixserve.entrypoints.web.routes import STATIC_DIR, _index_page
 from tests.entrypoints.test_http_errors import _check_error, _still_serving
+from tests.server_process import ServerProcess
 
 STREAM = "/v1/stream/metrics"
 
@@ -204,3 +207,39 @@ def test_too_many_streams_is_a_429(server, http) -> None:
     while _num_streams(server) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _num_streams(server) == 0
+
+
+def test_open_dashboards_do_not_hold_up_a_shutdown() -> None:
+    """SIGTERM with dashboards connected: their streams end at once (not after the 30 s graceful
+    timeout) and the server exits cleanly. A server of its own: this one is stopped."""
+    srv = ServerProcess(["--api-key", "stop-key", "--context-length", "128", "--max-total-tokens", "2048",
+                         "--graceful-shutdown-timeout", "30"], api_key="stop-key", context_len=128)
+    srv.start()
+    try:
+        srv.wait_ready()
+        ended: list[str] = []
+
+        def watch() -> None:
+            try:
+                _events(srv, 10_000)  # until the server ends the stream
+                ended.append("ended")
+            except httpx.HTTPError as e:
+                ended.append(f"{type(e).__name__}: {e}")
+
+        watchers = [threading.Thread(target=watch) for _ in range(3)]
+        for t in watchers:
+            t.start()
+        deadline = time.monotonic() + 60
+        while _num_streams(srv) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        start = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(25) == 0, srv.log()
+        elapsed = time.monotonic() - start
+        for t in watchers:
+            t.join(10)
+        assert elapsed < 15, f"exit took {elapsed:.1f} s"
+        assert ended == ["ended"] * 3, ended
+        assert "radixserve: stopped" in srv.log()
+    finally:
+        srv.stop()
