@@ -126,7 +126,7 @@ class StepRecord:
 class BatchTracer:
     def __init__(self, path: str) -> None:
         self.path = path
-        self.file = open(path, "a", buffering=1)  # line-buffered: a crash keeps every finished step
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115  # line-buffered, kept open: a crash keeps every step
 
     def record(self, rec: StepRecord, result: GenerationBatchResult) -> None:
         fb = result.forward_batch
