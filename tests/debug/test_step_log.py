@@ -50,10 +50,10 @@ def test_ring_holds_what_the_trace_file_writes(make_scheduler, prompts, tmp_path
 
 def test_snapshot_since_rid_and_limit(make_scheduler, prompts) -> None:
     sched = make_scheduler()
-    sched.step_log = StepLog(capacity=8)
-    run(sched, prompts, greedy(8))
+    sched.step_log = StepLog(capacity=5)
+    run(sched, prompts, greedy(6))
     ring = list(sched.step_log.ring)
-    assert len(ring) == 8 and sched.forward_ct > 8  # bounded: the oldest records fell out
+    assert len(ring) == 5 and sched.forward_ct > 5  # bounded: the oldest records fell out
     last = ring[-1].step
     snap = sched.step_log.snapshot(sched, since=-1)
     assert [r["step"] for r in snap["steps"]] == [r.step for r in ring]
@@ -74,12 +74,12 @@ def _reasons(sched) -> set[str]:
 
 def test_wait_reason_max_running_requests(make_scheduler, prompts) -> None:
     sched = make_scheduler(max_running_requests=1)
-    run(sched, prompts, greedy(4))
+    run(sched, prompts, greedy(2))
     assert _reasons(sched) == {"max_running_requests"}
 
 
 def test_wait_reason_chunked_prefill(make_scheduler, tokenizer) -> None:
-    long = tokenizer.encode("the river runs to the sea " * 40)  # ~240 tokens: 4 chunks of 64
+    long = tokenizer.encode("the river runs to the sea " * 22)  # ~130 tokens: 3 chunks of 64
     sched = make_scheduler(chunked_prefill_size=64)
     run(sched, {"long": long, "short": tokenizer.encode("Hi there")}, greedy(2))
     assert "chunked_prefill" in _reasons(sched)
@@ -89,7 +89,7 @@ def test_wait_reason_chunked_prefill(make_scheduler, tokenizer) -> None:
 
 def test_wait_reason_prefill_budget(make_scheduler, prompts) -> None:
     sched = make_scheduler(max_prefill_tokens=40)
-    run(sched, prompts, greedy(3))
+    run(sched, prompts, greedy(2))
     assert "max_prefill_tokens" in _reasons(sched)
 
 
