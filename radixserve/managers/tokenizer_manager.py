@@ -23,6 +23,7 @@ from radixserve.managers.io_struct import (
     BatchReqOutput,
     FlushCacheReq,
     GenerateReqInput,
+    GetRadixTreeReq,
     GetServerInfoReq,
     ReqOutput,
     RpcOutput,
@@ -277,13 +278,21 @@ class TokenizerManager:
     async def flush_cache(self) -> bool:
         return (await self._rpc(lambda i: FlushCacheReq(rpc_id=i), "flush_cache")).ok
 
-    async def get_server_info(self) -> dict[str, Any]:
-        info = (await self._rpc(lambda i: GetServerInfoReq(rpc_id=i), "get_server_info")).data
+    async def get_server_info(self, steps_since: int | None = None, steps_rid: str | None = None,
+                              steps_limit: int = 64) -> dict[str, Any]:
+        """The scheduler's counters; with steps_since, also its step records after that step (StepLog)."""
+        info = (await self._rpc(lambda i: GetServerInfoReq(rpc_id=i, steps_since=steps_since, steps_rid=steps_rid,
+                                                          steps_limit=steps_limit), "get_server_info")).data
         # CPU seconds of this process (HTTP, tokenisation, detokenisation), next to the scheduler's split.
         info.setdefault("time_split", {})["tokenizer_process_cpu_s"] = time.process_time()
         info["num_in_flight_reqs"] = len(self.states)
         info["num_abandoned_reqs"] = sum(st.abandoned for st in self.states.values())
         return info
+
+    async def get_radix_tree(self, max_nodes: int, max_depth: int) -> dict[str, Any]:
+        msg = await self._rpc(lambda i: GetRadixTreeReq(rpc_id=i, max_nodes=max_nodes, max_depth=max_depth),
+                              "radix_tree")
+        return msg.data
 
     # ------------------------------------------------------------------ output
     async def handle_loop(self) -> None:
