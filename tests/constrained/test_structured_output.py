@@ -63,7 +63,7 @@ def test_twenty_schemas_validate_in_a_batch_with_unconstrained_requests(sched, m
         for kind in "gs":
             _assert_valid(tokenizer, batched[f"{kind}{i}"], schema, f"{kind}{i}")
     # unconstrained neighbours are untouched by the masks; so are a few constrained requests alone
-    lone_rids = [f"u{j}" for j in range(len(free))] + ["g0", "g7", "g10", "s3"]
+    lone_rids = [f"u{j}" for j in range(len(free))] + ["g10", "s3"]
     alone = {rid: run(sched, {rid: prompts[rid]}, params[rid])[rid] for rid in lone_rids}
     assert compare(alone, {rid: batched[rid] for rid in lone_rids}) <= 1
     assert sched.grammar_queue.backend.stats["compiled"] <= len(SCHEMAS)  # each schema compiled once

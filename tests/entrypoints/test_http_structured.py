@@ -33,7 +33,7 @@ def _valid_call(call) -> None:
     jsonschema.validate(json.loads(call.function.arguments), SCHEMA_OF[call.function.name])
 
 
-@pytest.mark.parametrize("k", [0, 4, 7, 10, 16])
+@pytest.mark.parametrize("k", [4, 10, 16])  # an array, $refs, nested arrays (all 20: tests/constrained)
 def test_response_format_json_schema_chat(sclient, k) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": f"s{k}", "schema": SCHEMAS[k], "strict": True}}
     for temperature in (0.0, 1.0):
