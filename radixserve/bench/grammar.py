@@ -82,11 +82,10 @@ def _masking(backend: Any, bs: int, steps: int, seed: int = 0) -> dict[str, list
         apply.append(t3 - t2)
         allowed = ((mask.unsqueeze(-1) >> bits) & 1).bool().view(bs, -1)[:, :vocab]
         for i, g in enumerate(grammars):
-            if g.is_terminated():
-                grammars[i] = backend.new_grammar(compiled[rng.randrange(len(compiled))])
-                continue
             ids = torch.nonzero(allowed[i]).flatten().tolist()
             g.accept(ids[rng.randrange(len(ids))])
+            if g.is_terminated():  # a finished request leaves; a new one takes its row
+                grammars[i] = backend.new_grammar(compiled[rng.randrange(len(compiled))])
     return {"fill": fill, "apply": apply}
 
 

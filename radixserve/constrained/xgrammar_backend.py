@@ -79,6 +79,8 @@ def valid_draft_prefix(grammar: Grammar, draft: list[int]) -> list[int]:
         if not grammar.accept(tok):
             break
         kept += 1
+        if grammar.is_terminated():  # the stop token: nothing can follow it
+            break
     grammar.rollback(kept)
     return draft[:kept]
 
@@ -90,6 +92,8 @@ def fill_draft_masks(grammar: Grammar, draft: list[int], mask: torch.Tensor, row
     grammar.fill(mask, row)
     for j, tok in enumerate(draft):
         grammar.accept(tok)
+        if grammar.is_terminated():  # only a draft's last token can be the stop (valid_draft_prefix)
+            break
         grammar.fill(mask, row + j + 1)
     grammar.rollback(len(draft))
 
