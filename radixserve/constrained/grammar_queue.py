@@ -49,9 +49,9 @@ class GrammarQueue:
         self.reqs.remove(req)
         req.grammar_future = None
 
-    def pop_ready(self, now: float) -> tuple[list[Req], list[tuple[Req, str]]]:
-        """(requests whose grammar is ready, with req.grammar set; (request, error) for the others
-        that failed or ran out of time). The rest keep waiting."""
+    def pop_ready(self, now: float) -> tuple[list[Req], list[Req]]:
+        """(requests whose grammar is ready, with req.grammar set; the others that failed or ran out
+        of time, finished with a 400 naming the constraint). The rest keep waiting."""
         if not self.reqs:
             return [], []
         done = [r.grammar_future.done() or now - r.grammar_queued_at > self.timeout_s for r in self.reqs]
@@ -60,7 +60,7 @@ class GrammarQueue:
             flags = ps.all_reduce_min(torch.tensor(done, dtype=torch.int32))
             done = [bool(x) for x in flags.tolist()]
         ready: list[Req] = []
-        failed: list[tuple[Req, str]] = []
+        failed: list[Req] = []
         waiting: list[Req] = []
         for req, ok in zip(self.reqs, done):
             if not ok:
@@ -71,12 +71,12 @@ class GrammarQueue:
             if not fut.done():
                 kind = req.sampling_params.constraint().kind
                 why = f"{kind}: the grammar did not compile within {self.timeout_s:g} s (--grammar-compile-timeout)"
-                failed.append((req, why))
+                failed.append(_failed(req, why))
                 continue
             err = fut.exception()
             if err is not None:
                 spec = req.sampling_params.constraint()
-                failed.append((req, f"{spec.kind}: the grammar failed to compile: {short_error(err)}"))
+                failed.append(_failed(req, f"{spec.kind}: the grammar failed to compile: {short_error(err)}"))
                 continue
             req.grammar = self.backend.new_grammar(fut.result())
             # a request retracted earlier never comes back here; one that was queued first has
@@ -108,3 +108,9 @@ class GrammarQueue:
                 "cache_hits": b.stats["cache_hits"] if b else 0,
             },
         }
+
+
+def _failed(req: Req, message: str) -> Req:
+    req.error = (400, message)
+    req.finished_reason = FinishReason("abort", message=message)
+    return req

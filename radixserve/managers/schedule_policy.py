@@ -19,10 +19,16 @@ CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 
 
+# A waiting request is held back one step when a request admitted in the same step computes the
+# next this-many tokens it lacks (SGLang uses 32 as well).
+IN_BATCH_PREFIX_TOKENS = 32
+
+
 class SchedulePolicy:
-    def __init__(self, policy: str, tree_cache: BasePrefixCache) -> None:
+    def __init__(self, policy: str, tree_cache: BasePrefixCache, disable_radix_cache: bool = False) -> None:
         self.policy = policy
         self.tree_cache = tree_cache
+        self.disable_radix_cache = disable_radix_cache
 
     def calc_priority(self, waiting: list[Req]) -> None:
         """Match every waiting request against the cache and order the queue in place."""
@@ -35,6 +41,19 @@ class SchedulePolicy:
             waiting.sort(key=lambda r: (-r.priority, -len(r.prefix_indices)))
         else:
             waiting.sort(key=lambda r: -r.priority)  # stable: arrival order within a priority
+
+    def wait_for_in_batch_prefix(self, req: Req, admitted: list[Req]) -> bool:
+        """True when a request admitted this step is about to compute the next IN_BATCH_PREFIX_TOKENS
+        tokens that `req` still lacks: `req` waits one step and then finds them in the tree
+        (SGLang's in-batch prefix caching). Without it, 16 requests arriving together with one
+        1,000-token system prompt would all prefill it."""
+        if self.disable_radix_cache or not admitted:
+            return False
+        start = len(req.prefix_indices)
+        window = req.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS]
+        if len(window) < IN_BATCH_PREFIX_TOKENS:
+            return False
+        return any(a.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS] == window for a in admitted)
 
 
 class PrefillAdder:

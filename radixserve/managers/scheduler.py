@@ -26,6 +26,7 @@ from radixserve.managers.req import FinishReason, Req
 from radixserve.managers.request_normalizer import RequestLimits, check_tokenized
 from radixserve.managers.schedule_batch import OutOfKVSlots, ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
+from radixserve.managers.server_info import server_info
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.model_executor.model_runner import ModelRunner
@@ -34,10 +35,6 @@ from radixserve.server_args import ServerArgs
 from radixserve.speculative.spec_worker import NgramWorker
 
 logger = logging.getLogger(__name__)
-
-# A waiting request is held back one step when a request admitted in the same step computes the
-# next this-many tokens it lacks (SGLang uses 32 as well).
-IN_BATCH_PREFIX_TOKENS = 32
 
 # Test hook: a batch holding a request whose rid contains this string raises inside run_batch, as
 # a model bug triggered by one request would (tests/entrypoints/test_http_faults.py uses it).
@@ -56,7 +53,7 @@ class Scheduler:
         self.allocator = runner.token_to_kv_pool_allocator
         cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
         self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, server_args.page_size)
-        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache)
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([])
         self.chunked_req: Req | None = None
@@ -124,19 +121,20 @@ class Scheduler:
             self.waiting_queue.append(req)
         return None
 
+    def _drop_queued(self, req: Req, reason: FinishReason) -> None:
+        """A queued request (waiting, or compiling its grammar) leaves; it holds no KV (a retracted one
+        gave its KV back when retracted)."""
+        if req in self.grammar_queue.reqs:
+            self.grammar_queue.remove(req)
+        else:
+            self.waiting_queue.remove(req)
+        req.finished_reason = reason
+        self.output_processor.pending.append(req)
+
     def abort_request(self, rid: str) -> None:
-        for req in list(self.grammar_queue.reqs):
+        for req in self.grammar_queue.reqs + self.waiting_queue:
             if req.rid == rid:
-                self.grammar_queue.remove(req)
-                req.finished_reason = FinishReason("abort", message="aborted")
-                self.output_processor.pending.append(req)
-                return
-        for req in list(self.waiting_queue):
-            if req.rid == rid:
-                # Waiting requests hold nothing (a retracted one gave its KV back when retracted).
-                self.waiting_queue.remove(req)
-                req.finished_reason = FinishReason("abort", message="aborted")
-                self.output_processor.pending.append(req)
+                self._drop_queued(req, FinishReason("abort", message="aborted"))
                 return
         for req in self.running_batch.reqs + ([self.chunked_req] if self.chunked_req else []):
             if req.rid == rid:
@@ -149,16 +147,9 @@ class Scheduler:
         def late(r: Req) -> bool:
             return r.deadline is not None and now > r.deadline and not r.finished() and not r.to_abort
 
-        for req in [r for r in self.grammar_queue.reqs if late(r)]:
-            self.grammar_queue.remove(req)
+        for req in [r for r in self.grammar_queue.reqs + self.waiting_queue if late(r)]:
             self._timed_out(req)
-            req.finished_reason = req.to_abort
-            self.output_processor.pending.append(req)
-        for req in [r for r in self.waiting_queue if late(r)]:
-            self.waiting_queue.remove(req)
-            self._timed_out(req)
-            req.finished_reason = req.to_abort
-            self.output_processor.pending.append(req)
+            self._drop_queued(req, req.to_abort)
         for req in self.running_batch.reqs + ([self.chunked_req] if self.chunked_req else []):
             if late(req):
                 self._timed_out(req)
@@ -194,13 +185,9 @@ class Scheduler:
                                                        or self.chunked_req)
 
     def _admit_compiled(self) -> None:
-        """Requests whose grammar is ready join the waiting queue; a grammar that failed is a 400."""
         ready, failed = self.grammar_queue.pop_ready(self.now())
         self.waiting_queue.extend(ready)
-        for req, message in failed:
-            req.error = (400, message)
-            req.finished_reason = FinishReason("abort", message=message)
-            self.output_processor.pending.append(req)
+        self.output_processor.pending.extend(failed)
 
     def step(self) -> list[ReqOutput]:
         """Run one scheduling step (if there is work) and return the outputs it produced."""
@@ -277,7 +264,7 @@ class Scheduler:
                 adder.stop_reason = "chunked_prefill"
         if self.chunked_req is None:
             for req in self.waiting_queue:
-                if self._wait_for_in_batch_prefix(req, adder.can_run):
+                if self.policy.wait_for_in_batch_prefix(req, adder.can_run):
                     held_back = True
                     continue
                 if not adder.add_one_req(req):
@@ -311,19 +298,6 @@ class Scheduler:
                 self.waiting_queue.insert(0, req)
             return None
         return batch
-
-    def _wait_for_in_batch_prefix(self, req: Req, admitted: list[Req]) -> bool:
-        """True when a request admitted this step is about to compute the next IN_BATCH_PREFIX_TOKENS
-        tokens that `req` still lacks: `req` waits one step and then finds them in the tree
-        (SGLang's in-batch prefix caching). Without it, 16 requests arriving together with one
-        1,000-token system prompt would all prefill it."""
-        if self.server_args.disable_radix_cache or not admitted:
-            return False
-        start = len(req.prefix_indices)
-        window = req.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS]
-        if len(window) < IN_BATCH_PREFIX_TOKENS:
-            return False
-        return any(a.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS] == window for a in admitted)
 
     # ------------------------------------------------------------------ run
     def run_batch(self, batch: ScheduleBatch):
@@ -391,7 +365,7 @@ class Scheduler:
             return
         if prefilled is not None and req in prefilled and not self.server_args.disable_radix_cache:
             # Its prompt enters the tree now, not when it finishes: requests sharing the prefix
-            # that arrive (or were held back by _wait_for_in_batch_prefix) meanwhile reuse it.
+            # that arrive (or were held back by SchedulePolicy.wait_for_in_batch_prefix) meanwhile reuse it.
             self.tree_cache.cache_unfinished_req(req)
         req.output_ids.append(next_id)
         if req.first_token_time is None:
@@ -420,30 +394,4 @@ class Scheduler:
         return True
 
     def get_server_info(self) -> dict:
-        cached = self.tree_cache.total_size()
-        total = self.allocator.total_size
-        return {
-            "max_total_num_tokens": total,
-            "num_used_tokens": total - self.allocator.available_size() - cached,
-            "num_cached_tokens": cached,
-            "num_running_reqs": len(self.running_batch.reqs) + (1 if self.chunked_req else 0),
-            "num_waiting_reqs": len(self.waiting_queue),
-            **self.grammar_queue.info(),
-            "cache_hit_rate": self.stats["cached_tokens"] / max(1, self.stats["prompt_tokens"]),
-            "num_retractions": self.stats["num_retractions"],
-            "num_failed_reqs": self.stats["num_failed_reqs"],
-            "num_timed_out_reqs": self.stats["num_timed_out_reqs"],
-            "failed_forward_streak": self.failed_forward_streak,
-            "deterministic_inference": self.model_runner.deterministic,
-            "generation_tokens": self.stats["generation_tokens"],
-            **NgramWorker.info(self.spec_worker),
-            "prompt_tokens": self.stats["prompt_tokens"],
-            "context_len": self.model_config.context_len,
-            # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is
-            # every step; the model forward alone is `forward_s`, so step_time_s - forward_s is the
-            # scheduling, batch building, sampling and output processing around it.
-            "time_split": {
-                "step_time_s": self.step_time_s, **self.model_runner.timers,
-                "scheduler_process_cpu_s": time.process_time(),
-            },
-        }
+        return server_info(self)
