@@ -159,6 +159,8 @@ def test_the_chat_template_renders_tool_messages(structured_server) -> None:
     ({"messages": [{"role": "tool", "content": "3"}]}, "messages", "tool_call_id"),
     ({"functions": [{"name": "f"}]}, "functions", "use tools"),
     ({"json_schema": "x" * 100_001}, "json_schema", "characters"),
+    ({"guided_choice": []}, "guided_choice", "non-empty"),
+    ({"guided_choice": ["a", ""]}, "guided_choice", "non-empty"),
 ])
 def test_bad_constraints_and_tools_are_400s_naming_the_field(structured_server, body, param, needle) -> None:
     payload = {"model": "smol", "messages": ASK, "max_tokens": 4, **body}
