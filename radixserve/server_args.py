@@ -20,7 +20,7 @@ def _knob(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
 
 
-MAX_TP_SIZE = 64
+MAX_RANKS = 64  # tp_size * pp_size per replica: one process per rank, so an absurd value must not fork-bomb the host
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral")  # function_call/tool_parser.py
@@ -108,11 +108,26 @@ class ServerArgs:
     new_token_ratio_decay: float = _knob(0.001, "reservation decay per decode step")
     stream_interval: int = _knob(1, "send streamed output every N tokens")
     # --- parallelism ---
-    tp_size: int = _knob(1, "tensor-parallel ranks (processes)")
+    tp_size: int = _knob(1, "tensor-parallel ranks (processes) per pipeline stage")
+    pp_size: int = _knob(
+        1, "pipeline-parallel stages: the layers split into this many contiguous stages (embedding on the first, "
+        "final norm + LM head on the last), each stage tp_size ranks; tp_size * pp_size <= 64"
+    )
     dp_size: int = _knob(1, "data-parallel replicas")
-    nnodes: int = _knob(1, "machines in the tensor-parallel group")
-    node_rank: int = _knob(0, "this machine's rank among nnodes")
-    dist_init_addr: str | None = _knob(None, "host:port of rank 0 for torch.distributed")
+    nnodes: int = _knob(1, "machines the tp_size * pp_size ranks are spread over (evenly, in rank order)")
+    node_rank: int = _knob(0, "this machine's rank among nnodes (0 serves HTTP; the others only run ranks)")
+    dist_init_addr: str | None = _knob(
+        None, "host:port where node 0 hosts the rendezvous (a torch.distributed TCPStore) every rank and node "
+        "joins; default 127.0.0.1 and a free port (required when nnodes > 1)"
+    )
+    dist_timeout: float = _knob(
+        600.0, "seconds one collective / send / recv may wait for a peer before the rank fails (a hung peer); "
+        "larger than the longest step (a long prefill on CPU), 5..86400"
+    )
+    dist_init_timeout: float = _knob(
+        120.0, "seconds a node waits to reach --dist-init-addr, and node 0 for the other nodes to join, "
+        "before failing with a message naming the address, 1..3600"
+    )
     # --- speculative decoding ---
     speculative_algorithm: str | None = _knob(
         None, "None | ngram: prompt-lookup drafts from each request's own tokens, verified in one TARGET_VERIFY "
@@ -201,10 +216,28 @@ class ServerArgs:
             bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
             bad("tp_size", "tp_size, dp_size and nnodes must be >= 1")
-        if self.tp_size > MAX_TP_SIZE:  # one process per rank: an absurd value must not fork-bomb the host
-            bad("tp_size", f"must be <= {MAX_TP_SIZE}, got {self.tp_size}")
-        if self.tp_size > 1 and self.quantization in ("int8", "int4"):
-            bad("quantization", f"{self.quantization} supports tp_size 1 (the low-bit path is single-rank)")
+        if self.tp_size > MAX_RANKS:
+            bad("tp_size", f"must be <= {MAX_RANKS}, got {self.tp_size}")
+        if not 1 <= self.pp_size <= MAX_RANKS:
+            bad("pp_size", f"must be in [1, {MAX_RANKS}], got {self.pp_size}")
+        if self.ranks_per_replica > MAX_RANKS:
+            bad("pp_size", f"tp_size * pp_size must be <= {MAX_RANKS}, got {self.tp_size} * {self.pp_size}")
+        if self.ranks_per_replica % self.nnodes:
+            bad("nnodes", f"tp_size * pp_size ({self.ranks_per_replica}) must be a multiple of nnodes "
+                f"({self.nnodes}): every node runs the same number of ranks")
+        if self.ranks_per_replica > 1 and self.quantization in ("int8", "int4"):
+            bad("quantization", f"{self.quantization} needs tp_size * pp_size == 1 (the low-bit path is single-rank)")
+        if self.dist_init_addr is not None:
+            try:
+                parse_host_port(self.dist_init_addr)
+            except ValueError as e:
+                bad("dist_init_addr", str(e))
+        elif self.nnodes > 1:
+            bad("dist_init_addr", "required when nnodes > 1 (host:port of node 0, reachable from every node)")
+        if not 5 <= self.dist_timeout <= 86400:
+            bad("dist_timeout", f"must be in [5, 86400] seconds, got {self.dist_timeout}")
+        if not 1 <= self.dist_init_timeout <= 3600:
+            bad("dist_init_timeout", f"must be in [1, 3600] seconds, got {self.dist_init_timeout}")
         if self.speculative_algorithm not in (None, "ngram"):
             why = ("draft_model is not implemented yet" if self.speculative_algorithm == "draft_model"
                    else "must be None or ngram")
@@ -231,6 +264,12 @@ class ServerArgs:
             bad("context_length", "must be >= 2")
         if not 0 < self.mem_fraction_static <= 1:
             bad("mem_fraction_static", "must be in (0, 1]")
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """Processes one model replica runs on (tp_size * pp_size). The low-bit weights, the native decode
+        stack and `--quantization auto`'s low-bit choice are single-rank: with more, auto means none."""
+        return self.tp_size * self.pp_size
 
     # NOTE: chunking is expressed in whole pages so that a chunk boundary is a page boundary.
     @property
@@ -285,6 +324,15 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def parse_host_port(addr: str) -> tuple[str, int]:
+    """'host:port' or '[v6addr]:port' -> (host, port); ValueError naming what is wrong."""
+    host, sep, port = addr.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"must be host:port with a port in [1, 65535], got {addr!r}")
+    return host, int(port)
 
 
 def _base_type(annotation: Any) -> type:

@@ -56,7 +56,7 @@ class GrammarQueue:
             return [], []
         done = [r.grammar_future.done() or now - r.grammar_queued_at > self.timeout_s for r in self.reqs]
         ps = self.parallel_state
-        if ps is not None and ps.tp_size > 1:
+        if ps is not None and ps.world_size > 1:  # every rank admits a request at the same step
             flags = ps.all_reduce_min(torch.tensor(done, dtype=torch.int32))
             done = [bool(x) for x in flags.tolist()]
         ready: list[Req] = []

@@ -52,16 +52,16 @@ class InvariantChecker:
         check_forward_batch(fb)
 
     def check_same_step_on_every_rank(self, mwb: Any) -> None:
-        """Tensor parallel: every rank's scheduler must have picked the same step (same requests,
+        """Tensor / pipeline parallel: every rank's scheduler must have picked the same step (same requests,
         tokens, positions and KV slots). A digest of it is compared with rank 0's."""
         ps = self.s.model_runner.parallel_state
-        if ps.tp_size == 1:
+        if ps.world_size == 1:
             return
         h = hashlib.sha1(repr((int(mwb.forward_mode), mwb.input_ids, mwb.req_pool_indices, mwb.seq_lens,
                                mwb.prefix_lens, mwb.out_cache_loc.tolist())).encode()).hexdigest()
         ref = ps.broadcast_object(h)
         if ref != h:
-            raise InvariantError(f"tensor-parallel rank {ps.tp_rank} scheduled a different step than rank 0 "
+            raise InvariantError(f"{ps.layout.describe(ps.rank)} scheduled a different step than rank 0 "
                                  f"(digest {h[:12]} vs {ref[:12]}): the schedulers diverged")
 
     def owners(self) -> dict[str, set[int]]:

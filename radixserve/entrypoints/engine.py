@@ -37,6 +37,10 @@ def _public(out: dict[str, Any]) -> dict[str, Any]:
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        if self.server_args.node_rank != 0:
+            raise ValueError(f"ServerArgs.node_rank: the Engine is node 0 (it receives the requests); start node "
+                             f"{self.server_args.node_rank} with `radixserve serve --node-rank "
+                             f"{self.server_args.node_rank} ...`")
         self.tokenizer = get_tokenizer(self.server_args.resolved_model_path(), self.server_args.tokenizer_path)
         self.handle: SchedulerHandle | None = launch_scheduler(self.server_args)
         self.loop = asyncio.new_event_loop()
@@ -64,7 +68,7 @@ class Engine:
         while handle is not None and not self._closed:
             time.sleep(0.5)
             if not handle.is_alive() and not self._closed:
-                reason = f"scheduler process died (exit code {handle.process.returncode})"
+                reason = f"scheduler process died: {handle.failure()}"
                 self.loop.call_soon_threadsafe(self.tm.fail_all, reason)
                 return
 

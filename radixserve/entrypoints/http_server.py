@@ -10,8 +10,8 @@
 
 Generation routes live here, the others in server_routes.py; the OpenAI logic in serving_*.py.
 
-If the scheduler process dies, every waiting request gets a 503 and the server exits with
-status 1 so a supervisor can restart it.
+If the scheduler process dies (any rank, on any node: entrypoints/node_monitor.py), every waiting
+request gets a 503 and the server exits with status 1, naming the rank, so a supervisor can restart it.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def build_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = state.loop = asyncio.get_running_loop()
-        info, ports, proc = state.handle.info, state.handle.ports, state.handle.process
+        info, ports = state.handle.info, state.handle.ports
         tm = TokenizerManager(state.tokenizer, ports.to_scheduler, ports.from_scheduler, info, args)
         state.tm, state.metrics = tm, ServerMetrics(name)
         tm.metrics = state.metrics
@@ -104,7 +104,7 @@ def build_app(state: ServerState) -> FastAPI:
         async def watchdog() -> None:
             while state.handle.is_alive():
                 await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            state.death_reason = f"scheduler process died (exit code {proc.returncode})"
+            state.death_reason = f"scheduler process died: {state.handle.failure()}"
             print(f"radixserve: {state.death_reason}; shutting down", file=sys.stderr, flush=True)
             tm.fail_all(state.death_reason)  # every waiting request gets its 503 now
             if state.uvicorn_server is not None:
@@ -238,7 +238,13 @@ def _start_scheduler(server_args: ServerArgs) -> tuple[SchedulerHandle, Any]:
 
 
 def launch_server(server_args: ServerArgs) -> None:
-    """Run the server until SIGTERM / Ctrl-C; exits with status 1 if the scheduler dies."""
+    """Run the server until SIGTERM / Ctrl-C; exits with status 1 if the scheduler dies. A node other than
+    node 0 of a multi-node group serves no HTTP: it runs its ranks (worker_node.py)."""
+    if server_args.node_rank > 0:
+        from radixserve.entrypoints.worker_node import run_worker_node
+
+        logging.basicConfig(level=server_args.log_level.upper())
+        return run_worker_node(server_args)
     logging.basicConfig(level=server_args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # SIGTERM behaves as Ctrl-C: while the model loads it interrupts launch_scheduler (which

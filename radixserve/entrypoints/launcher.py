@@ -1,13 +1,19 @@
-"""Start the scheduler process(es) and wait until the model is loaded (shared by Engine and server).
+"""Start this node's scheduler process(es) and wait until the model is loaded (shared by Engine and server).
 
 Each scheduler runs as `python -m radixserve.managers.scheduler_process` (a fresh interpreter,
 not multiprocessing): user scripts need no `if __name__ == "__main__"` guard, and nothing of
 the parent's threads or CUDA state is inherited. Its arguments arrive pickled on stdin; it
 reports 'ready' (or its start-up error) on a ZMQ socket.
 
-With --tp-size N there are N of them, one per tensor-parallel rank, joined by torch.distributed
-(gloo on CPU) at --dist-init-addr (default 127.0.0.1 and a free port). Only rank 0 talks to the
+With --tp-size N --pp-size M there are N x M ranks (distributed/rank_layout.py numbers them), spread
+evenly over --nnodes machines; this node starts its share. They rendezvous at --dist-init-addr (default
+127.0.0.1 and a free port), where node 0's launcher hosts a TCPStore: hosted here rather than in rank 0,
+so that a rank that dies never takes the rendezvous with it, and the NodeMonitor (node_monitor.py) can use
+the same store for heartbeats and failure reports between nodes. Only rank 0 talks to the
 TokenizerManager; it broadcasts what it receives to the other ranks (managers/scheduler_process.py).
+
+The model's sizes are checked against tp_size / pp_size here, before any process starts, so bad sizes
+fail in a second with a message naming them, never after the weights load.
 """
 
 from __future__ import annotations
@@ -20,42 +26,65 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
+from radixserve.distributed.rank_layout import RankLayout, check_model_fits
+from radixserve.entrypoints.node_monitor import GRACE_S, NodeMonitor, open_rendezvous
 from radixserve.managers.scheduler_process import SchedulerPorts
+from radixserve.model_loader import get_model_config
 from radixserve.server_args import ServerArgs
+
+STOP_GRACE_S = 2.0  # a rank blocked in a collective runs no Python signal handler: SIGKILL after this
 
 
 @dataclass
 class SchedulerHandle:
-    process: subprocess.Popen  # rank 0
+    procs: dict[int, subprocess.Popen]  # this node's ranks
     ports: SchedulerPorts
-    info: dict[str, Any]  # what the scheduler reported when ready
+    info: dict[str, Any]  # what rank 0 (on node 0; else this node's first rank) reported when ready
     ipc_dir: str
-    others: list[subprocess.Popen] = field(default_factory=list)  # ranks 1 .. tp_size - 1
+    monitor: NodeMonitor
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        """Rank 0's process (None on a node other than 0)."""
+        return self.procs.get(0)
+
+    def failure(self) -> str | None:
+        """Why the replica cannot go on (naming the rank or node), or None while every rank is alive."""
+        return self.monitor.failure
 
     def is_alive(self) -> bool:
-        """All ranks alive: one dead rank stalls the others' collectives, so it counts as dead."""
-        return all(p.poll() is None for p in [self.process, *self.others])
+        """All ranks alive, here and on the other nodes: one dead rank stalls the others' collectives."""
+        return self.monitor.failure is None
 
     def stop(self, timeout: float = 5.0) -> None:
-        for proc in [self.process, *self.others]:
-            _stop(proc, timeout)
+        self.monitor.stop()
+        stop_processes(list(self.procs.values()), timeout)
+        self.monitor.wait_for_nodes_to_leave(timeout)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
-def _stop(proc: subprocess.Popen, timeout: float) -> None:
-    for action in (None, proc.terminate, proc.kill):
-        if action is not None:
-            action()
-        try:
-            proc.wait(timeout)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+def stop_processes(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Let them exit on their own for `timeout` (they may be finishing a step after a ShutdownReq), then
+    SIGTERM, then SIGKILL: all at once, so stopping N ranks takes no longer than stopping one."""
+    deadline = time.monotonic() + timeout
+    for action in (None, "terminate", "kill"):
+        alive = [p for p in procs if p.poll() is None]
+        if not alive:
+            return
+        for p in alive:
+            if action is not None:
+                getattr(p, action)()
+        end = deadline if action is None else time.monotonic() + STOP_GRACE_S
+        for p in alive:
+            try:
+                p.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def _free_port() -> int:
@@ -65,57 +94,81 @@ def _free_port() -> int:
 
 
 def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0) -> SchedulerHandle:
-    if server_args.dp_size != 1 or server_args.nnodes != 1:
-        raise ValueError("dp_size / nnodes > 1 are not supported yet (see the README)")
-    if server_args.tp_size > 1 and server_args.dist_init_addr is None:
-        server_args = server_args.replace(dist_init_addr=f"127.0.0.1:{_free_port()}")
+    if server_args.dp_size != 1:
+        raise ValueError("dp_size > 1 is not supported yet (see the README)")
+    layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
+    cfg = get_model_config(server_args.resolved_model_path(), server_args.context_length)
+    check_model_fits(cfg, layout.tp_size, layout.pp_size)
+    store = None
+    if layout.world_size > 1:
+        if server_args.dist_init_addr is None:
+            server_args = server_args.replace(dist_init_addr=f"127.0.0.1:{_free_port()}")
+        store = open_rendezvous(server_args)
     ipc_dir = tempfile.mkdtemp(prefix="radixserve-")
     ports = SchedulerPorts(f"ipc://{ipc_dir}/to_scheduler", f"ipc://{ipc_dir}/from_scheduler")
     ready_addr = f"ipc://{ipc_dir}/ready"
     ctx = zmq.Context.instance()
     ready = ctx.socket(zmq.PULL)
     ready.bind(ready_addr)
-    procs: list[subprocess.Popen] = []
-    for rank in range(server_args.tp_size):
+    procs: dict[int, subprocess.Popen] = {}
+    for rank in layout.node_ranks(server_args.node_rank):
         proc = subprocess.Popen(
             [sys.executable, "-m", "radixserve.managers.scheduler_process"], stdin=subprocess.PIPE, close_fds=True
         )
         assert proc.stdin is not None
         proc.stdin.write(pickle.dumps((server_args, ports, rank, ready_addr)))
         proc.stdin.close()
-        procs.append(proc)
-    msgs: dict[int, dict[str, Any]] = {}
+        procs[rank] = proc
+    monitor = NodeMonitor(server_args, procs, store)
     try:
-        deadline = time.monotonic() + timeout_s
-        while len(msgs) < len(procs):
-            if ready.poll(500):
-                m = ready.recv_pyobj()
-                msgs[int(m.get("tp_rank", 0))] = m
-                if m.get("status") != "ready":
-                    break  # report the first failure; the other ranks are stopped below
-                continue
-            dead = [p for p in procs if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"scheduler process exited during start-up (exit code {dead[0].returncode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError("scheduler process did not become ready in time")
+        msgs = _wait_ready(ready, procs, monitor, layout, timeout_s)
     except BaseException:
-        for p in procs:
-            p.kill()
-            p.wait()
+        monitor.stop()
+        stop_processes(list(procs.values()), 0.0)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         raise
     finally:
         ready.close(linger=0)
-    msg = next((m for m in msgs.values() if m.get("status") != "ready"), msgs.get(0, {}))
-    proc = procs[0]
-    if msg.get("status") != "ready":
-        for p in procs:
-            _stop(p, 10)
-        shutil.rmtree(ipc_dir, ignore_errors=True)
-        # NOTE: ValueError for bad configuration (unknown architecture, missing file...) so
-        # callers see the same exception type the loader raised.
-        exc = ValueError if msg.get("exc_type") == "ValueError" else RuntimeError
-        raise exc(f"scheduler failed to start: {msg.get('error')}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return SchedulerHandle(proc, ports, msg, ipc_dir, procs[1:])
+    return SchedulerHandle(procs, ports, msgs[min(msgs)], ipc_dir, monitor)
+
+
+def _wait_ready(ready: Any, procs: dict[int, subprocess.Popen], monitor: NodeMonitor, layout: RankLayout,
+                timeout_s: float) -> dict[int, dict[str, Any]]:
+    """Every local rank's 'ready' message, or the first start-up failure (here or on another node) raised."""
+    msgs: dict[int, dict[str, Any]] = {}
+    errors: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    first_error: float | None = None
+    while len(msgs) < len(procs):
+        if ready.poll(500):
+            m = ready.recv_pyobj()
+            rank = int(m.get("rank", 0))
+            if m.get("status") == "ready":
+                msgs[rank] = m
+                continue
+            errors[rank] = m
+            first_error = first_error or time.monotonic()
+            if not m.get("peer_lost"):  # the cause: tell the other nodes and stop
+                monitor.report(_start_error_text(layout, rank, m))
+                _raise_start_error(m, monitor.failure)
+        if monitor.failure is not None:
+            raise RuntimeError(f"scheduler failed to start: {monitor.failure}")
+        if first_error is not None and time.monotonic() - first_error > GRACE_S:
+            rank = min(errors)  # only ranks that lost a peer reported: name one
+            monitor.report(_start_error_text(layout, rank, errors[rank]))
+            _raise_start_error(errors[rank], monitor.failure)
+        if time.monotonic() > deadline:
+            raise RuntimeError("scheduler process did not become ready in time")
+    return msgs
+
+
+def _start_error_text(layout: RankLayout, rank: int, msg: dict[str, Any]) -> str:
+    return str(msg.get("error")) if layout.world_size == 1 else f"{layout.describe(rank)}: {msg.get('error')}"
+
+
+def _raise_start_error(msg: dict[str, Any], text: str | None) -> None:
+    # NOTE: ValueError for bad configuration (unknown architecture, missing file...) so
+    # callers see the same exception type the loader raised.
+    exc = ValueError if msg.get("exc_type") == "ValueError" else RuntimeError
+    raise exc(f"scheduler failed to start: {text or msg.get('error')}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import torch.distributed
+
 from radixserve.debug.invariants import InvariantError
 from radixserve.managers.req import FinishReason
 
@@ -27,11 +29,18 @@ class FatalSchedulerError(RuntimeError):
     """A fault no request can be blamed for (the device or the process itself): stop the server."""
 
 
+# A collective that failed (a peer rank died, hung past --dist-timeout, or the network broke) is no
+# request's fault, and bisecting would only repeat it (each try waiting for the timeout again).
+_DIST_FAULTS = ("NCCL", "gloo", "closed by peer", "reset by peer", "Timed out waiting")
+
+
 def is_fatal(e: BaseException) -> bool:
     if isinstance(e, (MemoryError, FatalSchedulerError, InvariantError)):  # a broken invariant is our bug
         return True
+    if isinstance(e, torch.distributed.DistError):
+        return True
     text = str(e)
-    return "CUDA error" in text or "device-side assert" in text or "NCCL" in text
+    return "CUDA error" in text or "device-side assert" in text or any(m in text for m in _DIST_FAULTS)
 
 
 class FailureIsolation:

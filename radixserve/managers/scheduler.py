@@ -42,10 +42,10 @@ FAULT_INJECT_ENV = "RADIXSERVE_FAULT_INJECT"
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, model_runner: ModelRunner | None = None, tp_rank: int = 0) -> None:
+    def __init__(self, server_args: ServerArgs, model_runner: ModelRunner | None = None, rank: int = 0) -> None:
         self.server_args = server_args
-        self.tp_rank = tp_rank
-        self.model_runner = model_runner or ModelRunner(server_args, tp_rank)
+        self.rank = rank  # in the replica: tensor x pipeline parallel ranks all run this same scheduler
+        self.model_runner = model_runner or ModelRunner(server_args, rank)
         runner = self.model_runner
         self.model_config = runner.model_config
         self.tokenizer = get_tokenizer(runner.model_path, server_args.tokenizer_path)
@@ -60,7 +60,7 @@ class Scheduler:
         self.new_token_ratio = server_args.init_new_token_ratio
         self.chunk_size = server_args.effective_chunk_size
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config, server_args.stream_interval)
-        self.tracer = BatchTracer(server_args.trace_batches) if server_args.trace_batches and tp_rank == 0 else None
+        self.tracer = BatchTracer(server_args.trace_batches) if server_args.trace_batches and rank == 0 else None
         self.checker = InvariantChecker(self) if server_args.check_invariants else None
         self.step_log = StepLog()  # the last steps' records (the web dashboard's pipeline view)
         self.wait_reason: str | None = None  # why the waiting requests were not admitted (PrefillAdder)
@@ -72,7 +72,7 @@ class Scheduler:
                                           self.allocator.total_size)
         self.fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
         self.isolation = FailureIsolation(self)  # a failing step fails only the request it is pinned on
-        # tensor parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
+        # tensor / pipeline parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
         # requests out at the same step (None = this process's own clock)
         self.clock_override: float | None = None
         self.spec_worker = NgramWorker.create(server_args, runner)

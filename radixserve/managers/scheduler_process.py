@@ -6,12 +6,20 @@
 The loop blocks on the socket only when there is no work, so an idle server costs nothing and
 a busy one never waits for input between steps.
 
-Tensor parallel (--tp-size N): N processes, one per rank. Only rank 0 binds the sockets; each
-iteration it broadcasts what it received, with its clock, to every rank (a gloo CPU broadcast,
-also every 200 ms when idle), and every rank then handles the same messages and runs the same
-step: the schedulers make the same decisions from the same inputs (timeouts use rank 0's clock;
-sampled tokens are rank 0's, ModelRunner.sample), and --check-invariants compares a digest of each
-step's batch across ranks. Only rank 0 sends outputs.
+Tensor and pipeline parallel (--tp-size N --pp-size M): N x M processes, one per rank, possibly on
+several nodes. Only rank 0 (first stage, TP rank 0) binds the sockets; each iteration it broadcasts
+what it received, with its clock, to every rank (a gloo CPU broadcast, also every 200 ms when idle),
+and every rank then handles the same messages and runs the same step: the schedulers make the same
+decisions from the same inputs (timeouts use rank 0's clock; sampled tokens are the last stage's,
+ModelRunner.sample / PipelineStage), and --check-invariants compares a digest of each step's batch
+across ranks. Only rank 0 sends outputs.
+
+Why every rank schedules rather than only the first stage's: each stage writes its layers' KV into the
+same slots, so it needs the same req_to_token rows, prefix matches and allocations; running the same
+deterministic scheduler gives every stage those for free, and only activations and sampled tokens travel.
+
+A rank exits with PEER_LOST_EXIT_CODE when a collective fails because a peer's connection closed: it is
+not the cause, and the launcher (entrypoints/node_monitor.py) names the rank that is.
 """
 
 from __future__ import annotations
@@ -39,8 +47,11 @@ from radixserve.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from radixserve.mem_cache.radix_tree_view import radix_tree_json
+from radixserve.distributed.rank_layout import RankLayout
 from radixserve.server_args import ServerArgs
 
+PEER_LOST_EXIT_CODE = 3  # a collective failed because a peer went away (see the docstring)
+_PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")
 
 @dataclass
 class SchedulerPorts:
@@ -53,15 +64,15 @@ class ShutdownReq:
 
 
 class SchedulerProcess:
-    def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int = 0) -> None:
+    def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, rank: int = 0) -> None:
         from radixserve.managers.scheduler import Scheduler
 
-        self.scheduler = Scheduler(server_args, tp_rank=tp_rank)
-        self.tp_rank = tp_rank
+        self.scheduler = Scheduler(server_args, rank=rank)
+        self.rank = rank
         self.ps = self.scheduler.model_runner.parallel_state
         self.ctx = zmq.Context(1)
         self.recv_sock = self.send_sock = None
-        if tp_rank == 0:
+        if rank == 0:
             self.recv_sock = self.ctx.socket(zmq.PULL)
             self.recv_sock.bind(ports.to_scheduler)
             self.send_sock = self.ctx.socket(zmq.PUSH)
@@ -81,7 +92,7 @@ class SchedulerProcess:
             "vocab_size": s.model_config.vocab_size,
             "eos_token_ids": list(s.model_config.eos_token_ids),
             "weight_bytes": s.model_runner.weight_bytes,
-            "tp_rank": self.tp_rank,
+            "rank": self.rank,
         }
 
     def recv_requests(self, block: bool) -> list[Any]:
@@ -122,11 +133,11 @@ class SchedulerProcess:
     def event_loop(self) -> None:
         s = self.scheduler
         while self.running:
-            if self.ps.tp_size == 1:
+            if self.ps.world_size == 1:
                 msgs = self.recv_requests(block=not s.has_work())
             else:
-                msgs = self.recv_requests(block=not s.has_work()) if self.tp_rank == 0 else []
-                if self.tp_rank == 0 and not self.running:
+                msgs = self.recv_requests(block=not s.has_work()) if self.rank == 0 else []
+                if self.rank == 0 and not self.running:
                     msgs.append(ShutdownReq())  # the parent died: take every rank down with us
                 msgs, s.clock_override = self.ps.broadcast_object((msgs, time.perf_counter()))
             for msg in msgs:
@@ -147,32 +158,40 @@ def _die_with_parent() -> None:
         pass  # elsewhere the getppid() check in the idle loop catches it
 
 
-def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int, ready_addr: str) -> None:
+def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: int, ready_addr: str) -> None:
     """Entry point of the scheduler process; reports 'ready' (or the error) on ready_addr."""
+    where = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes).describe(rank)
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # 128 + SIGTERM, the shell's convention: the launcher tells "stopped" from "finished" (0, after ShutdownReq)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     logging.basicConfig(level=server_args.log_level.upper())
     ready = zmq.Context.instance().socket(zmq.PUSH)
     ready.connect(ready_addr)
     try:
-        proc = SchedulerProcess(server_args, ports, tp_rank)
+        proc = SchedulerProcess(server_args, ports, rank)
     except Exception as e:  # report any start-up failure to the parent verbatim
         ready.send_pyobj({"status": "error", "exc_type": type(e).__name__, "error": f"{type(e).__name__}: {e}",
-                          "traceback": traceback.format_exc(), "tp_rank": tp_rank})
+                          "traceback": traceback.format_exc(), "rank": rank,
+                          "peer_lost": any(p in str(e) for p in _PEER_LOST)})
         ready.close(linger=2000)
-        return
+        raise SystemExit(1) from None
     ready.send_pyobj({"status": "ready", **proc.ready_info()})
     ready.close(linger=2000)
     try:
         proc.event_loop()
     except Exception as e:
-        if tp_rank > 0 and "closed by peer" in str(e):
-            # rank 0 is gone (stopped, or it failed and reported why itself): follow it quietly
-            raise SystemExit(0) from None
+        if any(p in str(e) for p in _PEER_LOST):
+            # a peer is gone (stopped, or it failed and its launcher reports why): follow it quietly
+            print(f"radixserve: {where}: a peer rank went away; stopping", file=sys.stderr, flush=True)
+            raise SystemExit(PEER_LOST_EXIT_CODE) from None
+        if "Timed out" in str(e) or "timed out" in str(e):
+            print(f"radixserve: {where}: a collective timed out after --dist-timeout {server_args.dist_timeout:g} s "
+                  f"(a peer rank is hung or unreachable): {e}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         # Only faults no request could be blamed for get here (FailureIsolation pins the rest).
-        print(f"radixserve: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+        print(f"radixserve: {where}: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 

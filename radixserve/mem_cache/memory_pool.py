@@ -51,7 +51,10 @@ class ReqToTokenPool:
 
 
 class KVPool:
-    """Per-layer K and V buffers indexed by KV slot (MHA/GQA layout)."""
+    """Per-layer K and V buffers indexed by KV slot (MHA/GQA layout).
+
+    A pipeline stage holds only its layers [start_layer, start_layer + num_layers); layers keep their
+    model-wide layer_id and the pool subtracts start_layer."""
 
     def __init__(
         self,
@@ -61,9 +64,11 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        start_layer: int = 0,
     ) -> None:
         self.num_slots = num_slots
         self.num_layers = num_layers
+        self.start_layer = start_layer
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
@@ -77,9 +82,11 @@ class KVPool:
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k_buffer[layer_id], self.v_buffer[layer_id]
+        i = layer_id - self.start_layer
+        return self.k_buffer[i], self.v_buffer[i]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write this step's K/V ([n, kv_heads, head_dim]) at the slots the scheduler chose."""
-        self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
-        self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
+        k_buf, v_buf = self.get_kv_buffer(layer_id)
+        k_buf.index_copy_(0, loc, k.to(self.dtype))
+        v_buf.index_copy_(0, loc, v.to(self.dtype))

@@ -68,8 +68,8 @@ class CpuGraphRunner:
             return "needs the cpu_paged attention backend"
         if not hasattr(torch.classes.radixserve_cpu, "DecodeStack"):
             return "the loaded kernel library has no DecodeStack"
-        if runner.tp_size != 1:
-            return f"tp_size {runner.tp_size}"
+        if runner.server_args.ranks_per_replica != 1:
+            return f"tp_size * pp_size = {runner.server_args.ranks_per_replica} (the native stack is single-rank)"
         inner = getattr(runner.model, "model", None)
         layers = getattr(inner, "layers", None)
         if layers is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):

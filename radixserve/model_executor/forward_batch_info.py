@@ -36,6 +36,15 @@ if TYPE_CHECKING:
     from radixserve.sampling.sampling_params import SamplingParams
 
 
+@dataclass
+class PPProxyTensors:
+    """What one pipeline stage hands the next in place of the layers it ran: the hidden states and the
+    residual stream after its last layer (the next stage's first input_layernorm adds them)."""
+
+    hidden_states: torch.Tensor  # [n_tokens, hidden]
+    residual: torch.Tensor  # [n_tokens, hidden]
+
+
 class ForwardMode(IntEnum):
     PREFILL = auto()  # whole prompt, no cached prefix: attention over the new tokens only
     EXTEND = auto()  # new tokens after a cached prefix (radix hit or previous chunk)

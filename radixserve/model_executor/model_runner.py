@@ -1,7 +1,9 @@
 """ModelRunner: the execution shell.
 
-It owns the model, the parallel state (tp rank/size), the memory pools' tensors, the attention
-backend and the sampler, and turns one ForwardBatch into logits and next tokens. It never
+It owns the model, the parallel state (tp and pp rank/size), the memory pools' tensors, the attention
+backend and the sampler, and turns one ForwardBatch into logits and next tokens. With pp_size > 1 it
+holds one pipeline stage: its layers, their KV, and a PipelineStage that moves activations between
+stages and shares the last stage's sampled tokens with every rank (pipeline_stage.py). It never
 picks requests and never sees a Req: the scheduler has decided *who* runs; this decides *how*.
 
 Init order (each step needs the one before):
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
+from radixserve.distributed.rank_layout import RankLayout, check_model_fits
 from radixserve.layers.attention.base_attn_backend import AttentionBackend
 from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAttnBackend
 from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
@@ -46,7 +49,7 @@ from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
-from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
+from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch, PPProxyTensors
 from radixserve.model_loader import get_model_config, iterate_weights, model_kind
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
@@ -75,27 +78,32 @@ class ModelRunner:
     def __init__(
         self,
         server_args: ServerArgs,
-        tp_rank: int = 0,
+        rank: int = 0,
         parallel_state: ParallelState | None = None,
         model: torch.nn.Module | None = None,
     ) -> None:
-        """`model`: reuse already-loaded weights (same model path and tp layout) — lets tests and
-        benchmarks compare pool/page configurations without reloading."""
+        """`rank`: in the replica (rank_layout.py numbers them). `model`: reuse already-loaded weights (same
+        model path and layout) — lets tests and benchmarks compare pool/page configurations without reloading."""
         self.server_args = server_args
-        self.device = torch.device(server_args.device if server_args.device != "cuda" else f"cuda:{tp_rank}")
+        layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
+        cuda = f"cuda:{layout.local_rank(rank)}"
+        self.device = torch.device(server_args.device if server_args.device != "cuda" else cuda)
         self.dtype = DTYPES[server_args.dtype]
-        self.tp_rank = tp_rank
-        self.tp_size = server_args.tp_size
+        self.tp_rank, self.tp_size = layout.tp_rank(rank), server_args.tp_size
+        self.pp_rank, self.pp_size = layout.pp_rank(rank), server_args.pp_size
         if self.device.type == "cpu" and server_args.num_threads:
             torch.set_num_threads(server_args.num_threads)
-        elif self.device.type == "cpu" and server_args.tp_size > 1:
-            # the machine's cores split across the ranks: a rank never oversubscribes them
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // server_args.tp_size))
-        self.parallel_state = parallel_state or init_parallel_state(
-            tp_rank, server_args.tp_size, server_args.dist_init_addr, server_args.device
-        )
+        elif self.device.type == "cpu" and layout.ranks_per_node > 1:
+            # the machine's cores split across its ranks: a rank never oversubscribes them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.ranks_per_node))
         self.model_path = server_args.resolved_model_path()
         self.model_config = get_model_config(self.model_path, server_args.context_length)
+        check_model_fits(self.model_config, self.tp_size, self.pp_size)  # the launcher checked before starting us
+        self.parallel_state = parallel_state or init_parallel_state(
+            rank, layout, server_args.dist_init_addr, server_args.device, server_args.dist_timeout,
+            server_args.dist_init_timeout,
+        )
+        self.stage_layers = self.parallel_state.stage_layers(self.model_config.num_hidden_layers)
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.deterministic = server_args.enable_deterministic_inference
         self.quantization = self._resolve_quantization()
@@ -106,15 +114,23 @@ class ModelRunner:
         self.cpu_graph_runner = CpuGraphRunner.maybe_create(self)
         self.sampler = Sampler()
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
+        self.pipeline = None
+        if self.pp_size > 1:
+            from radixserve.model_executor.pipeline_stage import PipelineStage  # it imports this module's results
+
+            self.pipeline = PipelineStage(self)
 
     # ------------------------------------------------------------------ init
     def _resolve_quantization(self) -> str:
         """--quantization auto -> what this runner will do: the GGUF's own low-bit blocks on a CPU in
-        float32 with the C++ kernels, `none` everywhere else (HF folders, GPUs, deterministic mode)."""
+        float32 with the C++ kernels, `none` everywhere else (HF folders, GPUs, deterministic mode, more than
+        one rank: ServerArgs.ranks_per_replica)."""
         mode = self.server_args.quantization
         if mode != "auto":
             return mode
-        if self.device.type != "cpu" or self.dtype != torch.float32 or self.deterministic or self.tp_size > 1:
+        if self.device.type != "cpu" or self.dtype != torch.float32 or self.deterministic:
+            return "none"
+        if self.server_args.ranks_per_replica > 1:
             return "none"
         if model_kind(self.model_path) != "gguf":
             return "none"
@@ -142,7 +158,9 @@ class ModelRunner:
             return
         cls = get_model_class(self.model_config.architecture)
         self.model = cls(self.model_config, self.parallel_state).to(dtype=self.dtype)
-        self.model.load_weights(iterate_weights(self.model_path))
+        # a pipeline stage reads only its tensors (a full pass is what fills the GGUF cache, so pp 1 takes all)
+        keep = self.model.holds_checkpoint_tensor if self.pp_size > 1 else None
+        self.model.load_weights(iterate_weights(self.model_path, keep))
         self.model.to(self.device).eval()
         if self.quantization != "none":
             self._quantize_model()  # from the dense weights, before packing frees them
@@ -152,9 +170,6 @@ class ModelRunner:
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
 
     def _quantize_model(self) -> None:
-        if self.tp_size != 1:
-            raise ValueError(f"quantization {self.server_args.quantization}: low-bit weights support tp_size 1 "
-                             f"(got {self.tp_size}); use --quantization none")
         blocks = None
         if self.quantization == "auto":
             from radixserve.model_loader.gguf import gguf_tensor_blocks
@@ -228,8 +243,9 @@ class ModelRunner:
 
     def _profile_max_num_tokens(self) -> int:
         cfg = self.model_config
+        # this stage's layers and this rank's KV heads only: a pipeline stage's pool fits more tokens
         per_token = KVPool.bytes_per_token(
-            cfg.num_hidden_layers, max(1, cfg.num_key_value_heads // self.tp_size), cfg.head_dim, self.dtype
+            len(self.stage_layers), max(1, cfg.num_key_value_heads // self.tp_size), cfg.head_dim, self.dtype
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -243,7 +259,7 @@ class ModelRunner:
     def _init_memory_pool(self) -> None:
         args, cfg = self.server_args, self.model_config
         self.max_total_num_tokens = args.max_total_tokens or self._profile_max_num_tokens()
-        if self.tp_size > 1:
+        if self.parallel_state.world_size > 1:
             # every rank must see the same pool (their schedulers decide identically): the smallest
             n = torch.tensor([self.max_total_num_tokens], dtype=torch.int64)
             self.parallel_state.all_reduce_min(n)
@@ -255,23 +271,27 @@ class ModelRunner:
         )
         self.token_to_kv_pool = KVPool(
             self.token_to_kv_pool_allocator.size,
-            cfg.num_hidden_layers,
+            len(self.stage_layers),
             max(1, cfg.num_key_value_heads // self.tp_size),
             cfg.head_dim,
             self.dtype,
             self.device,
+            start_layer=self.stage_layers.start,
         )
 
     # ------------------------------------------------------------------ run
-    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        """One forward pass; the mode decides the attention path inside the backend."""
+    def forward(
+        self, forward_batch: ForwardBatch, pp_proxy: PPProxyTensors | None = None
+    ) -> LogitsProcessorOutput | PPProxyTensors:
+        """One forward pass; the mode decides the attention path inside the backend. A pipeline stage after
+        the first starts from `pp_proxy`; one before the last returns its PPProxyTensors."""
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
         with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops):
             if self.cpu_graph_runner is not None and self.cpu_graph_runner.can_run(forward_batch):
                 return self.cpu_graph_runner.replay(forward_batch)
-            return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+            return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch, pp_proxy)
 
     @torch.inference_mode()
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
@@ -321,6 +341,8 @@ class ModelRunner:
         the launches unless the caller synchronises."""
         t0 = time.perf_counter()
         forward_batch = ForwardBatch.init_new(batch, self)
+        if self.pipeline is not None:
+            return self.pipeline.forward_and_sample(forward_batch, t0)
         t1 = time.perf_counter()
         logits_output = self.forward(forward_batch)
         t2 = time.perf_counter()

@@ -7,7 +7,7 @@ point dispatches on which it is, so callers never need to know.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal
 
 from radixserve.model_loader.default_model import default_model_path
@@ -61,19 +61,22 @@ def get_model_config(model_path: str, context_length: int | None = None) -> Mode
     return get_hf_config(model_path, context_length)
 
 
-def iterate_weights(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_weights(
+    model_path: str, keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(hf_parameter_name, float32 CPU tensor)` pairs, in HF layout ([out, in] for linears).
 
     Tensors are produced one at a time so peak memory stays near one tensor beyond the model itself.
-    `lm_head.weight` is absent when the embeddings are tied.
+    `lm_head.weight` is absent when the embeddings are tied. `keep(name)` False skips a tensor before it is
+    read or dequantised (a pipeline stage loads only its layers).
     """
     if model_kind(model_path) == "gguf":
         from radixserve.model_loader.gguf import iterate_gguf_weights
 
-        return iterate_gguf_weights(model_path)
+        return iterate_gguf_weights(model_path, keep)
     from radixserve.model_loader.hf import iterate_hf_weights
 
-    return iterate_hf_weights(model_path)
+    return iterate_hf_weights(model_path, keep)
 
 
 def get_tokenizer(model_path: str, tokenizer_path: str | None = None) -> PreTrainedTokenizerBase:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,20 +41,24 @@ def get_gguf_config(path: str, context_length: int | None = None) -> ModelConfig
     return ModelConfig.from_hf_config(cfg, context_length)
 
 
-def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_gguf_weights(path: str, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(hf_name, float32 tensor)` for every parameter in a GGUF file, one at a time.
 
     Every tensor's name and type is checked before the first is yielded, so an unsupported file fails
     fast instead of half way through a load. Quantised tensors are dequantised with gguf's reference
     code, and q/k projections are un-permuted back to HF's RoPE layout where llama.cpp permuted them.
-    The results are cached on disk on the first full pass and read back from there afterwards.
+    The results are cached on disk on the first full pass and read back from there afterwards. With
+    `keep`, only the tensors it accepts are read (from the cache, or dequantised when there is none: a
+    partial pass does not write the cache).
     """
     entry = gguf_cache.cache_entry(path)
-    cached = gguf_cache.cached_weights(entry) if entry else None
+    cached = gguf_cache.cached_weights(entry, keep) if entry else None
     if cached is not None:
         return cached
     f = open_gguf(path)
     plan = _tensor_plan(f)
+    if keep is not None:
+        return _stream(f, [p for p in plan if keep(p[1])])
     if entry:
         layout = [(hf_name, f.hf_shape(gguf_name)) for gguf_name, hf_name, _ in plan]
         return gguf_cache.write_weights_through(entry, layout, _stream(f, plan))

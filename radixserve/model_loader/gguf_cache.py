@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -193,9 +193,12 @@ def save_tokenizer(entry: CacheEntry, tokenizer: PreTrainedTokenizerBase) -> Non
 # --- weights --------------------------------------------------------------------------------------
 
 
-def cached_weights(entry: CacheEntry) -> Iterator[tuple[str, torch.Tensor]] | None:
-    """A lazy stream of the cached tensors in the loader's order; None when absent, truncated or damaged."""
-    return read_ordered(entry.file(WEIGHTS_FILE))
+def cached_weights(
+    entry: CacheEntry, keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]] | None:
+    """A lazy stream of the cached tensors in the loader's order (those `keep` accepts); None when absent,
+    truncated or damaged."""
+    return read_ordered(entry.file(WEIGHTS_FILE), keep)
 
 
 def write_weights_through(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -104,7 +104,7 @@ def weight_files(folder: str) -> list[tuple[str, set[str] | None]]:
     )
 
 
-def iterate_hf_weights(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_hf_weights(folder: str, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(name, float32 tensor)` for every tensor in the folder's safetensors files, one at a time.
 
     Every file's header is opened and checked first, so a truncated file or a shard missing promised
@@ -116,7 +116,7 @@ def iterate_hf_weights(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
         if expected is not None and not expected <= names:
             missing = sorted(expected - names)
             raise ValueError(f"{path} lacks tensors the index assigns to it: {missing[:5]}")
-    return _stream(files)
+    return _stream(files, keep)
 
 
 def _header_names(path: str) -> set[str]:
@@ -127,11 +127,13 @@ def _header_names(path: str) -> set[str]:
         raise ValueError(f"{path} is truncated or not a safetensors file ({exc})") from exc
 
 
-def _stream(files: list[tuple[str, set[str] | None]]) -> Iterator[tuple[str, torch.Tensor]]:
+def _stream(
+    files: list[tuple[str, set[str] | None]], keep: Callable[[str], bool] | None
+) -> Iterator[tuple[str, torch.Tensor]]:
     for path, _ in files:
         with safe_open(path, framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                if name.endswith(_SKIPPED_SUFFIXES):
+                if name.endswith(_SKIPPED_SUFFIXES) or (keep is not None and not keep(name)):
                     continue
                 tensor = fh.get_tensor(name)
                 if not tensor.is_floating_point() or tensor.element_size() < 2:

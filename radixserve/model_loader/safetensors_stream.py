@@ -13,7 +13,7 @@ import logging
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ ORDER_KEY = "radixserve.order"  # metadata entry: JSON list of tensor names in s
 Layout = list[tuple[str, tuple[int, ...]]]
 
 
-def read_ordered(path: str) -> Iterator[tuple[str, torch.Tensor]] | None:
+def read_ordered(path: str, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]] | None:
     """A lazy stream of `(name, tensor)` in the order written; None when the file is absent or unsound.
 
     The header is checked now, not on first use: safetensors refuses a file whose size does not match
@@ -45,7 +45,7 @@ def read_ordered(path: str) -> Iterator[tuple[str, torch.Tensor]] | None:
     if not isinstance(order, list) or len(order) != len(names) or set(order) != names:
         logger.warning("ignoring %s: its recorded tensor order does not match its header", path)
         return None
-    return _read(path, order)
+    return _read(path, order if keep is None else [n for n in order if keep(n)])
 
 
 def _read(path: str, order: list[str]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,13 +1,17 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2): GQA, optional q/k/v bias,
 tied or untied embeddings, RoPE with scaling. Tensor-parallel ready: every projection is a
-column/row-parallel layer built from the ParallelState it is given.
+column/row-parallel layer built from the ParallelState it is given. Pipeline-parallel ready: a stage
+builds only its layers (ParallelState.stage_layers; the others are PPMissingLayer placeholders that keep
+the checkpoint's layer numbering), the first stage the embedding, the last the final norm and LM head.
 
-forward(input_ids, positions, forward_batch): the batch is passed explicitly to every layer
-that needs it (attention), never read from a global.
+forward(input_ids, positions, forward_batch, pp_proxy): the batch is passed explicitly to every layer
+that needs it (attention), never read from a global. A stage after the first starts from the previous
+stage's PPProxyTensors; a stage before the last returns its own.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -22,6 +26,7 @@ from radixserve.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from radixserve.model_executor.forward_batch_info import PPProxyTensors
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
@@ -86,21 +91,35 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+class PPMissingLayer(nn.Module):
+    """A layer another pipeline stage holds: no parameters, never called."""
+
+
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, ps: ParallelState) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps)
+        self.ps = ps
+        self.stage_layers = ps.stage_layers(cfg.num_hidden_layers)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, ps) if ps.is_first_stage else None
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(cfg, i, ps, self.rotary_emb) for i in range(cfg.num_hidden_layers)]
+            [LlamaDecoderLayer(cfg, i, ps, self.rotary_emb) if i in self.stage_layers else PPMissingLayer()
+             for i in range(cfg.num_hidden_layers)]
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if ps.is_last_stage else None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [n_tokens, hidden]
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, forward_batch)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
+        pp_proxy: PPProxyTensors | None = None,
+    ) -> torch.Tensor | PPProxyTensors:
+        if pp_proxy is None:
+            x, residual = self.embed_tokens(input_ids), None  # [n_tokens, hidden]
+        else:
+            x, residual = pp_proxy.hidden_states, pp_proxy.residual
+        for i in self.stage_layers:
+            x, residual = self.layers[i](positions, x, residual, forward_batch)
+        if not self.ps.is_last_stage:
+            return PPProxyTensors(x, residual)
         x, _ = self.norm(x, residual)
         return x
 
@@ -118,20 +137,40 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, ps: ParallelState) -> None:
         super().__init__()
         self.config = cfg
+        self.ps = ps
         self.model = LlamaModel(cfg, ps)
-        if cfg.tie_word_embeddings:
+        self.lm_head = self.logits_processor = None
+        if ps.is_last_stage:
             self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps)
-            self.lm_head.weight = self.model.embed_tokens.weight
-        else:
-            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps)
-        self.logits_processor = LogitsProcessor(cfg.vocab_size, ps)
+            if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
+                self.lm_head.weight = self.model.embed_tokens.weight
+            self.logits_processor = LogitsProcessor(cfg.vocab_size, ps)
 
     @torch.inference_mode()
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> LogitsProcessorOutput:
-        hidden = self.model(input_ids, positions, forward_batch)
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
+        pp_proxy: PPProxyTensors | None = None,
+    ) -> LogitsProcessorOutput | PPProxyTensors:
+        hidden = self.model(input_ids, positions, forward_batch, pp_proxy)
+        if isinstance(hidden, PPProxyTensors):
+            return hidden
         return self.logits_processor(hidden, self.lm_head, forward_batch)
+
+    def holds_checkpoint_tensor(self, name: str) -> bool:
+        """Whether this pipeline stage needs checkpoint tensor `name` (the loaders skip the others without
+        reading or dequantising them). Names outside the model's layout are kept, so load_weights still
+        refuses them."""
+        m = re.match(r"model\.layers\.(\d+)\.", name)
+        if m is not None:
+            return int(m.group(1)) in self.model.stage_layers
+        if name.startswith("model.embed_tokens."):
+            tied_head = self.config.tie_word_embeddings and self.lm_head is not None
+            return self.model.embed_tokens is not None or tied_head
+        if name.startswith("model.norm."):
+            return self.model.norm is not None
+        if name.startswith("lm_head."):
+            return self.lm_head is not None
+        return True
 
     def checkpoint_sources(self, module_name: str) -> list[str]:
         """The checkpoint tensors stacked into the weight of `module_name`, in row order (q, k, v for
@@ -150,6 +189,11 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # tied: the embedding already provides it
+            if not self.holds_checkpoint_tensor(name):
+                continue  # another pipeline stage's (a loader given no filter yields everything)
+            if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings and self.model.embed_tokens is None:
+                # a last stage without the embedding: its LM head is its own copy of the tied matrix
+                name = "lm_head.weight"
             shard_id: object = None
             for ckpt, ours, sid in self.stacked_params:
                 if ckpt in name:
@@ -166,7 +210,8 @@ class LlamaForCausalLM(nn.Module):
             else:
                 loader(param, tensor.to(param.dtype), shard_id)
             loaded.add(name)
-        expected = {n for n in params if not (n == "lm_head.weight" and self.config.tie_word_embeddings)}
+        shared = self.config.tie_word_embeddings and self.model.embed_tokens is not None  # loaded as the embedding
+        expected = {n for n in params if not (n == "lm_head.weight" and shared)}
         missing = sorted(expected - loaded)
         if missing:
             raise ValueError(f"weights missing from the checkpoint: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
