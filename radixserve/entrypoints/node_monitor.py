@@ -36,7 +36,7 @@ from typing import Any
 import torch.distributed as dist
 
 from radixserve.distributed.rank_layout import RankLayout
-from radixserve.managers.scheduler_process import PEER_LOST_EXIT_CODE
+from radixserve.managers.scheduler_process import DIST_TIMEOUT_EXIT_CODE, PEER_LOST_EXIT_CODE
 from radixserve.server_args import ServerArgs, parse_host_port
 
 HEARTBEAT_INTERVAL_S = 0.5
@@ -57,6 +57,8 @@ def describe_exit(code: int) -> str:
         return "was stopped by SIGTERM"
     if code == PEER_LOST_EXIT_CODE:
         return "stopped because a peer rank went away"
+    if code == DIST_TIMEOUT_EXIT_CODE:
+        return "timed out in a collective after --dist-timeout (a peer rank is hung or unreachable)"
     return f"exited with code {code}"
 
 

@@ -51,6 +51,7 @@ from radixserve.distributed.rank_layout import RankLayout
 from radixserve.server_args import ServerArgs
 
 PEER_LOST_EXIT_CODE = 3  # a collective failed because a peer went away (see the docstring)
+DIST_TIMEOUT_EXIT_CODE = 4  # a collective waited longer than --dist-timeout: a peer is hung or unreachable
 _PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")
 
 @dataclass
@@ -149,11 +150,13 @@ class SchedulerProcess:
 
 
 def _die_with_parent() -> None:
-    """Linux: get SIGTERM when the parent dies, even by SIGKILL (no orphaned schedulers)."""
+    """Linux: get SIGKILL when the parent dies, even by SIGKILL (no orphaned schedulers). SIGKILL, not SIGTERM:
+    a rank blocked in a collective runs no Python handler until the op returns, which for a hung peer is
+    --dist-timeout later; and with its launcher gone nobody will use this rank again."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass  # elsewhere the getppid() check in the idle loop catches it
 
@@ -189,7 +192,7 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
         if "Timed out" in str(e) or "timed out" in str(e):
             print(f"radixserve: {where}: a collective timed out after --dist-timeout {server_args.dist_timeout:g} s "
                   f"(a peer rank is hung or unreachable): {e}", file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
+            raise SystemExit(DIST_TIMEOUT_EXIT_CODE) from None
         # Only faults no request could be blamed for get here (FailureIsolation pins the rest).
         print(f"radixserve: {where}: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
