@@ -62,8 +62,11 @@ class SchedulerHandle:
         return self.monitor.failure is None
 
     def stop(self, timeout: float = 5.0) -> None:
+        """`timeout`: how long the ranks may take to finish on their own (after a ShutdownReq); none after a
+        failure (a hung rank would never finish)."""
+        failed = self.monitor.failure is not None
         self.monitor.stop()
-        stop_processes(list(self.procs.values()), timeout)
+        stop_processes(list(self.procs.values()), 0.0 if failed else timeout)
         self.monitor.wait_for_nodes_to_leave(timeout)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
