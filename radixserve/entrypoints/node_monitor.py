@@ -90,7 +90,9 @@ def open_rendezvous(args: ServerArgs) -> Any:
     diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
     if diff:
         shown = ", ".join(f"{k}: node 0 has {a!r}, this node {b!r}" for k, (a, b) in diff.items())
-        raise ValueError(f"node {args.node_rank} was started with other settings than node 0 ({shown})")
+        why = f"node {args.node_rank} was started with other settings than node 0 ({shown})"
+        store.compare_set(KEY_FAIL, "", why)  # node 0 stops too, saying why, instead of waiting for this node
+        raise ValueError(why)
     return store
 
 

@@ -9,6 +9,7 @@ starts."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -33,13 +34,14 @@ PP_ARGS = dict(quantization="none", chunked_prefill_size=32, enable_mixed_chunk=
                max_total_tokens=110, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
 
 
-def test_default_model_at_pp2_matches_one_process(make_scheduler, tokenizer) -> None:
+def test_default_model_at_pp2_matches_one_process(make_scheduler, tokenizer, tmp_path) -> None:
     ids = {f"p{i}": tokenizer.encode(p, add_special_tokens=False) for i, p in enumerate(PROMPTS)}
     want = run(make_scheduler(**PP_ARGS), ids, greedy(16))
     # n-gram drafts are verified for requests without logprobs only
     want_spec = run(make_scheduler(**PP_ARGS), {"r": ids["p1"]}, greedy(24), logprobs=False)["r"].output_ids
+    trace = tmp_path / "steps.jsonl"
     with radixserve.Engine(pp_size=2, context_length=512, check_invariants=True, show_progress=False,
-                           **PP_ARGS) as eng:
+                           trace_batches=str(trace), **PP_ARGS) as eng:
         rank_pids = {p.pid for p in descendants(psutil.Process().pid) if "scheduler_process" in " ".join(p.cmdline())}
         assert len(rank_pids) >= 2
         outs = eng.generate(input_ids=list(ids.values()), sampling_params={"max_new_tokens": 16, "temperature": 0.0,
@@ -61,7 +63,9 @@ def test_default_model_at_pp2_matches_one_process(make_scheduler, tokenizer) -> 
     for rid, ref in want.items():  # first position: the same float32 arithmetic, split over two processes
         a, b = dict(got[rid].top2[0]), dict(ref.top2[0])
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a), (rid, a, b)
-    # every path ran: retraction, the radix cache, speculative verification (chunks and MIXED: PP_ARGS)
+    # every path ran: each forward mode, retraction, the radix cache, accepted n-gram drafts
+    modes = {json.loads(line)["forward"]["forward_mode"] for line in trace.read_text().splitlines()}
+    assert {"PREFILL", "EXTEND", "MIXED", "DECODE", "TARGET_VERIFY"} <= modes, modes
     assert info["num_retractions"] > 0 and info["cache_hit_rate"] > 0, info
     assert info["spec_verify_ct"] > 0 and info["spec_accept_length"] > 1, info
     assert after["num_used_tokens"] == 0 and after["num_running_reqs"] == 0, after
