@@ -39,6 +39,37 @@ def _median_s(fn: Any, iters: int) -> float:
     return statistics.median(times)
 
 
+def _measure(n: int, rank: int, world: int, args: argparse.Namespace) -> dict[str, float]:
+    """Median time of each op at `n` rows (rank 0's view; every rank runs the same ops)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.randn(n, args.hidden)
+    shard = torch.randn(n, -(-args.vocab // world))
+    parts = [torch.empty_like(shard) for _ in range(world)]
+    buf = torch.randn(2 * n * args.hidden + 1)
+
+    def pingpong() -> None:  # rank 0 -> 1 -> 0: two boundary messages
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+
+    def bcast(obj: Any, src: int) -> Any:
+        return lambda: dist.broadcast_object_list([obj if rank == src else None], src=src)
+
+    return {
+        "tokens": n,
+        "all_reduce_us": _median_s(lambda: dist.all_reduce(x), args.iters) * 1e6,
+        "all_gather_logits_us": _median_s(lambda: dist.all_gather(parts, shard), args.iters) * 1e6,
+        "send_recv_us": _median_s(pingpong, args.iters) / 2 * 1e6,
+        "bcast_tokens_us": _median_s(bcast(list(range(n)), world - 1), args.iters) * 1e6,
+        "bcast_messages_us": _median_s(bcast(([], time.perf_counter()), 0), args.iters) * 1e6,
+    }
+
+
 def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -46,34 +77,7 @@ def _rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-    rows = []
-    for n in args.tokens:
-        x = torch.randn(n, args.hidden)
-        shard = torch.randn(n, -(-args.vocab // world))
-        parts = [torch.empty_like(shard) for _ in range(world)]
-        buf = torch.randn(2 * n * args.hidden + 1)
-        tokens = list(range(n))
-
-        def pingpong() -> None:  # rank 0 -> 1 -> 0: two boundary messages
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            elif rank == 1:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-
-        def bcast(obj: Any, src: int) -> Any:
-            return lambda: dist.broadcast_object_list([obj if rank == src else None], src=src)
-
-        row = {
-            "tokens": n,
-            "all_reduce_us": _median_s(lambda: dist.all_reduce(x), args.iters) * 1e6,
-            "all_gather_logits_us": _median_s(lambda: dist.all_gather(parts, shard), args.iters) * 1e6,
-            "send_recv_us": _median_s(pingpong, args.iters) / 2 * 1e6,
-            "bcast_tokens_us": _median_s(bcast(tokens, world - 1), args.iters) * 1e6,
-            "bcast_messages_us": _median_s(bcast(([], time.perf_counter()), 0), args.iters) * 1e6,
-        }
-        rows.append(row)
+    rows = [_measure(n, rank, world, args) for n in args.tokens]
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()

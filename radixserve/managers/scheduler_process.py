@@ -37,6 +37,7 @@ from typing import Any
 
 import zmq
 
+from radixserve.distributed.rank_layout import RankLayout
 from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
@@ -47,7 +48,6 @@ from radixserve.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from radixserve.mem_cache.radix_tree_view import radix_tree_json
-from radixserve.distributed.rank_layout import RankLayout
 from radixserve.server_args import ServerArgs
 
 PEER_LOST_EXIT_CODE = 3  # a collective failed because a peer went away (see the docstring)

@@ -22,16 +22,16 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-
 from typing import Any
 
 import torch
 
+from radixserve.constrained.xgrammar_backend import apply_vocab_mask_
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
 from radixserve.distributed.rank_layout import RankLayout, check_model_fits
+from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.base_attn_backend import AttentionBackend
 from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAttnBackend
-from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
@@ -42,9 +42,8 @@ from radixserve.layers.linear import (
     quant_rows_mode,
     resolve_linear_backend,
 )
-from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
-from radixserve.constrained.xgrammar_backend import apply_vocab_mask_
+from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -89,6 +88,8 @@ class ModelRunner:
         cuda = f"cuda:{layout.local_rank(rank)}"
         self.device = torch.device(server_args.device if server_args.device != "cuda" else cuda)
         self.dtype = DTYPES[server_args.dtype]
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # before NCCL joins: its communicators bind the current device
         self.tp_rank, self.tp_size = layout.tp_rank(rank), server_args.tp_size
         self.pp_rank, self.pp_size = layout.pp_rank(rank), server_args.pp_size
         if self.device.type == "cpu" and server_args.num_threads:
@@ -116,7 +117,9 @@ class ModelRunner:
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.pipeline = None
         if self.pp_size > 1:
-            from radixserve.model_executor.pipeline_stage import PipelineStage  # it imports this module's results
+            from radixserve.model_executor.pipeline_stage import (
+                PipelineStage,  # it imports this module's results
+            )
 
             self.pipeline = PipelineStage(self)
 

@@ -191,8 +191,8 @@ class LlamaForCausalLM(nn.Module):
                 continue  # tied: the embedding already provides it
             if not self.holds_checkpoint_tensor(name):
                 continue  # another pipeline stage's (a loader given no filter yields everything)
-            if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings and self.model.embed_tokens is None:
-                # a last stage without the embedding: its LM head is its own copy of the tied matrix
+            if name == "model.embed_tokens.weight" and self.model.embed_tokens is None:
+                # tied, on a last stage without the embedding: its LM head is its own copy of the matrix
                 name = "lm_head.weight"
             shard_id: object = None
             for ckpt, ours, sid in self.stacked_params:
