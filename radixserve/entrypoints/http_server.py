@@ -36,6 +36,7 @@ from starlette.responses import Response
 
 from radixserve import __version__
 from radixserve.entrypoints.launcher import SchedulerHandle, launch_scheduler
+from radixserve.entrypoints.openai_serving import APIError, install_error_handlers, scheduler_died
 from radixserve.entrypoints.openai_protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -46,7 +47,6 @@ from radixserve.entrypoints.openai_protocol import (
     ModelCard,
     ModelList,
 )
-from radixserve.entrypoints.openai_serving import APIError, install_error_handlers, scheduler_died
 from radixserve.entrypoints.openapi_docs import error_responses, install_openapi, json_body
 from radixserve.entrypoints.request_gate import RequestGate
 from radixserve.entrypoints.server_routes import add_info_routes

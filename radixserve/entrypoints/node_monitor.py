@@ -73,8 +73,9 @@ def open_rendezvous(args: ServerArgs) -> Any:
             store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                                   timeout=timedelta(seconds=HEARTBEAT_TIMEOUT_S))
         except Exception as e:
-            raise RuntimeError(f"cannot host the rendezvous at --dist-init-addr {args.dist_init_addr}: "
-                               f"{_first_line(e)}") from None
+            # the master also connects to host:port as a client: a host that is not this machine fails here too
+            raise RuntimeError(f"cannot host the rendezvous at --dist-init-addr {args.dist_init_addr} (is {host} an "
+                               f"address of this machine, and is port {port} free?): {_first_line(e)}") from None
         store.set(KEY_CONFIG, json.dumps(mine))
         return store
     try:

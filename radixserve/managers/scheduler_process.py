@@ -54,6 +54,7 @@ PEER_LOST_EXIT_CODE = 3  # a collective failed because a peer went away (see the
 DIST_TIMEOUT_EXIT_CODE = 4  # a collective waited longer than --dist-timeout: a peer is hung or unreachable
 _PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused")
 
+
 @dataclass
 class SchedulerPorts:
     to_scheduler: str  # ZMQ address the TokenizerManager pushes requests to

@@ -22,16 +22,16 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+
 from typing import Any
 
 import torch
 
-from radixserve.constrained.xgrammar_backend import apply_vocab_mask_
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
 from radixserve.distributed.rank_layout import RankLayout, check_model_fits
-from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.base_attn_backend import AttentionBackend
 from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAttnBackend
+from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
@@ -42,8 +42,9 @@ from radixserve.layers.linear import (
     quant_rows_mode,
     resolve_linear_backend,
 )
-from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
+from radixserve.layers.logits_processor import LogitsProcessorOutput
+from radixserve.constrained.xgrammar_backend import apply_vocab_mask_
 from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
