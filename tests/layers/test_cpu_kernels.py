@@ -68,6 +68,25 @@ def test_kernel_matches_sdpa(seed, nb, L, heads, D, max_len):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), nb=st.integers(1, 5), L=st.sampled_from([1, 3]), D=st.sampled_from([64, 24]),
+       max_len=st.integers(4, 200))
+def test_bf16_kv_is_the_float_kernel_on_the_widened_pool(seed, nb, L, D, max_len):
+    """--kv-cache-dtype bfloat16: the kernels widen each K/V element on load, which is exact, so the
+    result is bit for bit the float32 kernel's on the bf16-rounded pool (both kernels: fixed-L and varlen)."""
+    q, k_pool, v_pool, kv_idx, seq_lens = make_case(seed, nb, L, 9, 3, D, max(max_len, L))
+    kb, vb = k_pool.bfloat16(), v_pool.bfloat16()
+    got, want = torch.empty_like(q), torch.empty_like(q)
+    kernel(q, kb, vb, kv_idx, seq_lens, L, D**-0.5, got)
+    kernel(q, kb.float(), vb.float(), kv_idx, seq_lens, L, D**-0.5, want)
+    assert torch.equal(got, want)
+    starts, lens = torch.arange(nb) * L, torch.full((nb,), L)
+    got, want = torch.zeros_like(q), torch.zeros_like(q)
+    ops.paged_attention_varlen(q, kb, vb, kv_idx, seq_lens, starts, lens, D**-0.5, got)
+    ops.paged_attention_varlen(q, kb.float(), vb.float(), kv_idx, seq_lens, starts, lens, D**-0.5, want)
+    assert torch.equal(got, want)
+
+
 def test_rows_beyond_seq_len_are_never_read():
     """Slot-table entries past a request's seq_len may be garbage (freed slots): they must not matter."""
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(3, 4, 1, 9, 3, 64, 40)
@@ -114,6 +133,10 @@ def test_wrong_dtype_and_shape_raise():
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(8, 2, 1, 9, 3, 64, 16)
     with pytest.raises(RuntimeError, match="float32"):
         kernel(q.double(), k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, torch.empty_like(q).double())
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        kernel(q, k_pool.bfloat16(), v_pool, kv_idx, seq_lens, 1, 0.125, torch.empty_like(q))
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        kernel(q, k_pool.half(), v_pool.half(), kv_idx, seq_lens, 1, 0.125, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="int64"):
         kernel(q, k_pool, v_pool, kv_idx.int(), seq_lens, 1, 0.125, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="nb \\* L"):

@@ -48,14 +48,19 @@ def test_auto_keeps_the_files_own_blocks(fast_runner, model_runner) -> None:
     assert torch.equal(qkv, torch.cat([want[p + "q_proj.weight"], want[p + "k_proj.weight"], want[p + "v_proj.weight"]]))
 
 
-def test_decode_stack_equals_the_layer_by_layer_path(fast_runner) -> None:
+@pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16"])
+def test_decode_stack_equals_the_layer_by_layer_path(fast_runner, kv_dtype) -> None:
+    """Also with a bf16 KV cache: the stack's own KV writes round as torch's do (bf16.h)."""
     from radixserve.model_executor.model_runner import ModelRunner
 
-    layered = ModelRunner(fast_runner.server_args.replace(disable_cpu_graph=True), model=fast_runner.model)
-    assert fast_runner.cpu_graph_runner is not None and layered.cpu_graph_runner is None
-    before = fast_runner.cpu_graph_runner.replays
+    stacked = fast_runner if kv_dtype == "auto" else ModelRunner(
+        fast_runner.server_args.replace(kv_cache_dtype=kv_dtype), model=fast_runner.model)
+    layered = ModelRunner(stacked.server_args.replace(disable_cpu_graph=True), model=fast_runner.model)
+    assert stacked.cpu_graph_runner is not None and layered.cpu_graph_runner is None
+    assert layered.token_to_kv_pool.k_buffer[0].dtype == stacked.token_to_kv_pool.k_buffer[0].dtype
+    before = stacked.cpu_graph_runner.replays
     logits = []
-    for runner in (fast_runner, layered):
+    for runner in (stacked, layered):
         hb = HandBatch(runner)
         rows = [hb.new_req() for _ in range(3)]
         for i, row in enumerate(rows):
@@ -66,7 +71,7 @@ def test_decode_stack_equals_the_layer_by_layer_path(fast_runner) -> None:
             got.append(res.logits_output.next_token_logits.clone())
         logits.append(got)
         hb.release_all()
-    assert fast_runner.cpu_graph_runner.replays == before + 4
+    assert stacked.cpu_graph_runner.replays == before + 4
     for a, b in zip(*logits):
         assert torch.equal(a, b)
 

@@ -71,6 +71,15 @@ def cpu_info() -> tuple[frozenset[str], str]:
     return frozenset(flags), model
 
 
+# CPU flags that make bf16 matmul native (oneDNN's AMX brgemm, or AVX512-BF16 dot products)
+BF16_MATMUL_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+def native_bf16_matmul(flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU (or a CPU with `flags`) runs bf16 matmul natively: what --dtype auto asks."""
+    return bool((cpu_info()[0] if flags is None else flags) & BF16_MATMUL_FLAGS)
+
+
 def missing_features(isa: str) -> list[str]:
     needs = next(n for name, n, _ in ISAS if name == isa)
     return sorted(needs - cpu_info()[0])

@@ -141,8 +141,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                 vi = v[sl].transpose(0, 1).unsqueeze(0)
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
             else:
-                ki = _gather(k_buf, item.kv_indices).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, head_dim]
-                vi = _gather(v_buf, item.kv_indices).transpose(0, 1).unsqueeze(0)
+                ki = _gather(k_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, hd]
+                vi = _gather(v_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)
                 oi = F.scaled_dot_product_attention(
                     qi, ki, vi, attn_mask=item.mask, scale=layer.scaling, enable_gqa=True
                 )
@@ -157,14 +157,15 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Rows b.token_idx of `out` = attention of the short query blocks over their gathered history."""
         nb = b.kv_indices.shape[0]
         qb = q[b.token_idx].view(nb, b.query_len, layer.num_heads, layer.head_dim).transpose(1, 2)
-        kb = _gather(k_buf, b.kv_indices).transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
-        vb = _gather(v_buf, b.kv_indices).transpose(1, 2)
+        kb = _gather(k_buf, b.kv_indices, q.dtype).transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
+        vb = _gather(v_buf, b.kv_indices, q.dtype).transpose(1, 2)
         ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=layer.scaling, enable_gqa=True)
         out[b.token_idx] = ob.transpose(1, 2).reshape(-1, layer.num_heads, layer.head_dim)
 
 
-def _gather(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """buf[indices] for slot tables of any shape. index_select on the flattened table is a
-    row memcpy; advanced indexing is ~2.7x slower on CPU (measured: 1.4 vs 3.7 GB/s)."""
+def _gather(buf: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """buf[indices] for slot tables of any shape, in the queries' dtype (a bf16 KV cache is widened
+    here). index_select on the flattened table is a row memcpy; advanced indexing is ~2.7x slower on
+    CPU (measured: 1.4 vs 3.7 GB/s)."""
     # [*idx_shape] -> [*idx_shape, kv_heads, head_dim]
-    return buf.index_select(0, indices.reshape(-1)).view(*indices.shape, *buf.shape[1:])
+    return buf.index_select(0, indices.reshape(-1)).view(*indices.shape, *buf.shape[1:]).to(dtype)
