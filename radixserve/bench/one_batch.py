@@ -182,7 +182,7 @@ def derive(result: dict[str, Any], runner: Any) -> None:
     bw = []
     for ctx, d in sorted(by_ctx.items()):
         b = model_cost.decode_bytes(cfg, model_cost.streamed_weight_bytes(runner.model, runner.dtype, runner.quant_ops is not None), 1, ctx,
-                                   runner.dtype)
+                                   runner.kv_cache_dtype)
         achieved = b["total_bytes"] / d["decode_step_ms"] / 1e6
         bw.append({"context_len": ctx, **b, "decode_step_ms": d["decode_step_ms"],
                    "bound_ms": b["total_bytes"] / roof["bandwidth_gb_per_s"] / 1e6,
@@ -206,7 +206,7 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
         drv.release_all()
     measured = sorted({r["batch_size"] for r in result["decode"]})
     # the linears as this runner's forward runs them
-    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops):
+    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops, runner.quant_max_rows):
         result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup)
                                  for bs in measured]
     derive(result, runner)

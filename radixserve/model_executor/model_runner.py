@@ -231,7 +231,7 @@ class ModelRunner:
             return TorchNativeAttnBackend(self.device)
         # the same library carries the layers' glue (fused add + RMSNorm, RoPE, SiLU-and-mul)
         enable_cpu_kernels(self.model, ops)
-        return CpuPagedAttnBackend(self.device, ops.paged_attention)
+        return CpuPagedAttnBackend(self.device, ops.paged_attention, ops.extend_attention)
 
     def _make_deterministic_backend(self, cpu_fp32: bool) -> AttentionBackend:
         """--enable-deterministic-inference: the C++ kernels or nothing. Falling back to the PyTorch

@@ -2,6 +2,7 @@
 
     csrc/ops.cpp               every op's schema (torch.ops.radixserve_cpu.<name>)
     csrc/paged_attention.cpp   paged_attention, paged_attention_varlen
+    csrc/flash_attention.cpp   extend_attention (tiled, online softmax: PREFILL / EXTEND)
     csrc/decoder_glue.cpp      fused_add_rms_norm_, rope_, silu_and_mul
     csrc/quant_linear.cpp      quant_linear (Q8_0 / Q4_1 weights x block-quantised int8 activations)
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
@@ -37,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "decoder_glue.cpp", "quant_linear.cpp",
-                                                  "decode_stack.cpp")]
+SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "flash_attention.cpp",
+                                                  "decoder_glue.cpp", "quant_linear.cpp", "decode_stack.cpp")]
 
 HEADERS = sorted(os.path.join(_CSRC, f) for f in os.listdir(_CSRC) if f.endswith(".h"))
 
