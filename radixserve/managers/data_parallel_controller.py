@@ -30,6 +30,7 @@ an abort goes to the replica that holds the request.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import zmq
@@ -67,6 +68,7 @@ class DataParallelController:
         self.served = [0] * self.size  # finished: completed, aborted or failed
         self.owner: dict[str, int] = {}  # rid -> replica, while in flight
         self._next = 0  # round_robin's turn; shortest_queue's tie-break
+        self.route_s = 0.0  # time spent picking replicas (bench dp prints it per request)
         capacity = max(1, min(pool_tokens, MAX_INDEX_TOKENS))
         self.indexes = [PrefixIndex(capacity) for _ in addresses] if method == "prefix_aware" and self.size > 1 else []
 
@@ -103,7 +105,9 @@ class DataParallelController:
     # ------------------------------------------------------------------ sending
     def send_request(self, req: TokenizedGenerateReqInput) -> int:
         """Route and send one request; returns the replica."""
+        t0 = time.perf_counter()
         k = self.pick(req.input_ids)
+        self.route_s += time.perf_counter() - t0
         self.owner[req.rid] = k
         self.in_flight[k] += 1
         self.routed[k] += 1
@@ -135,6 +139,10 @@ class DataParallelController:
         """Replica k emptied its radix cache: nothing it saw is cached any more."""
         if self.indexes:
             self.indexes[k].clear()
+
+    def info(self) -> dict[str, Any]:
+        return {"load_balance_method": self.method,
+                "route_us_per_req": 1e6 * self.route_s / max(1, sum(self.routed))}
 
     def replica_stats(self, k: int) -> dict[str, Any]:
         stats: dict[str, Any] = {"num_routed_reqs": self.routed[k], "num_in_flight_reqs": self.in_flight[k],

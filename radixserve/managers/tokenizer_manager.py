@@ -315,7 +315,7 @@ class TokenizerManager:
         info.setdefault("time_split", {})["tokenizer_process_cpu_s"] = time.process_time()
         info["num_in_flight_reqs"] = len(self.states)
         info["num_abandoned_reqs"] = sum(st.abandoned for st in self.states.values())
-        info["load_balance_method"] = self.server_args.load_balance_method
+        info.update(self.router.info())
         return info
 
     async def get_radix_tree(self, max_nodes: int, max_depth: int, dp_rank: int = 0) -> dict[str, Any]:

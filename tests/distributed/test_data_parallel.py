@@ -300,3 +300,19 @@ def test_absurd_values_are_refused_before_anything_starts() -> None:
             ServerArgs(**kw)
     with pytest.raises(ValueError, match="ServerArgs.dp_size"):
         radixserve.Engine(dp_size=10**6)
+
+
+def test_bench_dp_picks_the_best_hit_rate_among_the_fast_methods() -> None:
+    from radixserve.bench.data_parallel import pick_default
+
+    def row(method: str, workload: str, tput: float, hit: float) -> dict:
+        return {"method": method, "workload": workload, "total_tok_s": tput, "hit_rate": hit}
+
+    rows = [row("round_robin", "shared-prefix", 100, 0.4), row("round_robin", "random", 100, 0.0),
+            row("prefix_aware", "shared-prefix", 120, 0.7), row("prefix_aware", "random", 97, 0.0),
+            row("shortest_queue", "shared-prefix", 99, 0.4), row("shortest_queue", "random", 80, 0.0),
+            row("dp1", "shared-prefix", 500, 0.9), row("dp1", "random", 500, 0.0)]  # the baseline never wins
+    assert pick_default(rows)[0] == "prefix_aware"
+    rows[0] = row("round_robin", "shared-prefix", 118, 0.4)
+    rows[3] = row("prefix_aware", "random", 90, 0.0)  # 10% slower on random: no longer "as fast"
+    assert pick_default(rows)[0] == "round_robin"
