@@ -8,6 +8,9 @@ reports 'ready' (or its start-up error) on a ZMQ socket.
 With --tp-size N there are N of them, one per tensor-parallel rank, joined by torch.distributed
 (gloo on CPU) at --dist-init-addr (default 127.0.0.1 and a free port). Only rank 0 talks to the
 TokenizerManager; it broadcasts what it receives to the other ranks (managers/scheduler_process.py).
+
+This starts one such group (a replica). With --dp-size N, entrypoints/replicas.py starts N of them:
+start_scheduler() spawns each (so they load at once), PendingScheduler.wait_ready() awaits each.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ Engine / HTTP watchdog sees is_alive() turn False and fails every waiting reques
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -54,14 +55,29 @@ class Replicas:
             h.stop(timeout)
 
 
-def replica_args(args: ServerArgs, k: int) -> ServerArgs:
-    """Replica k's arguments: what must differ between replicas that run side by side."""
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports (all held open at once while they are picked, so none is picked twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def replica_args(args: ServerArgs, k: int, ports: list[int]) -> ServerArgs:
+    """Replica k's arguments: what must differ between replicas that run side by side. ports: one free
+    port per replica, for the torch.distributed groups of TP ranks when no --dist-init-addr is given."""
     if args.dp_size == 1:
         return args
     changes: dict[str, Any] = {}
     if args.dist_init_addr is not None:  # each replica is its own torch.distributed group
         host, port = args.dist_init_addr.rsplit(":", 1)
         changes["dist_init_addr"] = f"{host}:{int(port) + k}"
+    elif args.tp_size > 1:
+        changes["dist_init_addr"] = f"127.0.0.1:{ports[k]}"
     if args.trace_batches:
         root, ext = os.path.splitext(args.trace_batches)
         changes["trace_batches"] = f"{root}.dp{k}{ext}"
@@ -88,12 +104,13 @@ def replica_env(args: ServerArgs, k: int) -> dict[str, str] | None:
 
 def launch_replicas(args: ServerArgs, timeout_s: float = 900.0) -> Replicas:
     envs = [replica_env(args, k) for k in range(args.dp_size)]  # a bad GPU count fails before anything forks
+    ports = _free_ports(args.dp_size) if args.dp_size > 1 and args.tp_size > 1 else []
     pending: list[PendingScheduler] = []
     handles: list[SchedulerHandle] = []
     try:
         from_scheduler = None
         for k in range(args.dp_size):
-            pending.append(start_scheduler(replica_args(args, k), from_scheduler, k, envs[k]))
+            pending.append(start_scheduler(replica_args(args, k, ports), from_scheduler, k, envs[k]))
             from_scheduler = pending[0].ports.from_scheduler  # every replica's outputs go to one address
         deadline = time.monotonic() + timeout_s
         for p in pending:
