@@ -21,6 +21,9 @@ def _knob(default: Any, help: str, **extra: Any) -> Any:
 
 
 MAX_TP_SIZE = 64
+MAX_DP_SIZE = 64  # replicas (each tp_size processes): an absurd value must not fork-bomb the host
+MAX_PROCESSES = 256  # scheduler processes of one server, all replicas' ranks together
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # managers/data_parallel_controller.py
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
@@ -123,7 +126,17 @@ class ServerArgs:
     stream_interval: int = _knob(1, "send streamed output every N tokens")
     # --- parallelism ---
     tp_size: int = _knob(1, "tensor-parallel ranks (processes)")
-    dp_size: int = _knob(1, "data-parallel replicas")
+    dp_size: int = _knob(
+        1, "data-parallel replicas: each a full scheduler group (tp_size processes) with its own weights and KV "
+        "pool (--max-total-tokens, --max-running-requests are per replica); requests are routed by "
+        "--load-balance-method"
+    )
+    # prefix_aware: measured best by `radixserve bench dp` (README, "Data parallel")
+    load_balance_method: str = _knob(
+        "prefix_aware", "round_robin | shortest_queue | prefix_aware: how --dp-size > 1 routes each request. "
+        "shortest_queue = the replica with the fewest requests in flight; prefix_aware = the replica whose recent "
+        "prompts share the longest prefix with this one (its radix cache likely holds it), else shortest_queue"
+    )
     nnodes: int = _knob(1, "machines in the tensor-parallel group")
     node_rank: int = _knob(0, "this machine's rank among nnodes")
     dist_init_addr: str | None = _knob(None, "host:port of rank 0 for torch.distributed")
@@ -153,7 +166,10 @@ class ServerArgs:
     )
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
-    num_threads: int | None = _knob(None, "torch intra-op threads in the scheduler (default: all cores)")
+    num_threads: int | None = _knob(
+        None, "torch intra-op threads of each scheduler process (default: the cores split over tp_size x dp_size "
+        "processes)"
+    )
     trace_batches: str | None = _knob(None, "write one JSON line per step to this file")
     check_invariants: bool = _knob(False, "validate every ForwardBatch and the KV accounting each step")
     log_level: str = _knob("warning", "logging level")
@@ -217,10 +233,21 @@ class ServerArgs:
             bad("max_prefill_tokens", "must be >= 1")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
-            bad("tp_size", "tp_size, dp_size and nnodes must be >= 1")
+        for name in ("tp_size", "dp_size", "nnodes"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be >= 1, got {getattr(self, name)}")
         if self.tp_size > MAX_TP_SIZE:  # one process per rank: an absurd value must not fork-bomb the host
             bad("tp_size", f"must be <= {MAX_TP_SIZE}, got {self.tp_size}")
+        if self.dp_size > MAX_DP_SIZE or self.tp_size * self.dp_size > MAX_PROCESSES:
+            bad("dp_size", f"must be <= {MAX_DP_SIZE} with dp_size * tp_size <= {MAX_PROCESSES} scheduler processes, "
+                f"got dp_size {self.dp_size} x tp_size {self.tp_size}")
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            bad("load_balance_method", f"must be one of {LOAD_BALANCE_METHODS}, got {self.load_balance_method!r}")
+        if self.dp_size > 1 and self.device.startswith("cuda:"):
+            bad("device", f"with dp_size > 1 give device=cuda (replica k takes GPUs k*tp_size ..), got {self.device!r}")
+        if self.dp_size > 1 and self.nnodes > 1:
+            bad("dp_size", "data parallel across machines (nnodes > 1) is not supported: run one server per "
+                "machine behind a router, or dp_size 1")
         if self.tp_size > 1 and self.quantization in ("int8", "int4"):
             bad("quantization", f"{self.quantization} supports tp_size 1 (the low-bit path is single-rank)")
         if self.speculative_algorithm not in (None, "ngram"):

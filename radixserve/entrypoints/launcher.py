@@ -8,6 +8,9 @@ reports 'ready' (or its start-up error) on a ZMQ socket.
 With --tp-size N there are N of them, one per tensor-parallel rank, joined by torch.distributed
 (gloo on CPU) at --dist-init-addr (default 127.0.0.1 and a free port). Only rank 0 talks to the
 TokenizerManager; it broadcasts what it receives to the other ranks (managers/scheduler_process.py).
+
+This starts one such group (a replica). With --dp-size N, entrypoints/replicas.py starts N of them:
+start_scheduler() spawns each (so they load at once), PendingScheduler.wait_ready() awaits each.
 """
 
 from __future__ import annotations
@@ -64,13 +67,75 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0) -> SchedulerHandle:
-    if server_args.dp_size != 1 or server_args.nnodes != 1:
-        raise ValueError("dp_size / nnodes > 1 are not supported yet (see the README)")
+def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0, from_scheduler: str | None = None,
+                     dp_rank: int = 0, env: dict[str, str] | None = None) -> SchedulerHandle:
+    """Start one scheduler group (one replica: tp_size ranks) and wait until it is ready.
+
+    from_scheduler: where its outputs go (default: a fresh address; data parallel gives every replica the
+    TokenizerManager's one address); dp_rank names the replica in its logs and answers; env: its environment."""
+    return start_scheduler(server_args, from_scheduler, dp_rank, env).wait_ready(timeout_s)
+
+
+@dataclass
+class PendingScheduler:
+    """A replica whose processes are started and loading: several load at once (entrypoints/replicas.py)."""
+
+    procs: list[subprocess.Popen]
+    ports: SchedulerPorts
+    ipc_dir: str
+    ready: Any  # the PULL socket each rank reports 'ready' (or its start-up error) on
+
+    def kill(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.ready.close(linger=0)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def wait_ready(self, timeout_s: float = 900.0) -> SchedulerHandle:
+        procs, ready = self.procs, self.ready
+        msgs: dict[int, dict[str, Any]] = {}
+        try:
+            deadline = time.monotonic() + timeout_s
+            while len(msgs) < len(procs):
+                if ready.poll(500):
+                    m = ready.recv_pyobj()
+                    msgs[int(m.get("tp_rank", 0))] = m
+                    if m.get("status") != "ready":
+                        break  # report the first failure; the other ranks are stopped below
+                    continue
+                dead = [p for p in procs if p.poll() is not None]
+                if dead:
+                    raise RuntimeError(f"scheduler process exited during start-up (exit code {dead[0].returncode})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("scheduler process did not become ready in time")
+        except BaseException:
+            self.kill()
+            raise
+        ready.close(linger=0)
+        msg = next((m for m in msgs.values() if m.get("status") != "ready"), msgs.get(0, {}))
+        if msg.get("status") != "ready":
+            for p in procs:
+                _stop(p, 10)
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            # NOTE: ValueError for bad configuration (unknown architecture, missing file...) so
+            # callers see the same exception type the loader raised.
+            exc = ValueError if msg.get("exc_type") == "ValueError" else RuntimeError
+            raise exc(f"scheduler failed to start: {msg.get('error')}")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return SchedulerHandle(procs[0], self.ports, msg, self.ipc_dir, procs[1:])
+
+
+def start_scheduler(server_args: ServerArgs, from_scheduler: str | None = None, dp_rank: int = 0,
+                    env: dict[str, str] | None = None) -> PendingScheduler:
+    """Spawn one replica's ranks (from the calling thread: each sets PR_SET_PDEATHSIG, which fires when
+    the thread that spawned it ends) without waiting for them to load."""
+    if server_args.nnodes != 1:
+        raise ValueError("nnodes > 1 is not supported yet (see the README)")
     if server_args.tp_size > 1 and server_args.dist_init_addr is None:
         server_args = server_args.replace(dist_init_addr=f"127.0.0.1:{_free_port()}")
     ipc_dir = tempfile.mkdtemp(prefix="radixserve-")
-    ports = SchedulerPorts(f"ipc://{ipc_dir}/to_scheduler", f"ipc://{ipc_dir}/from_scheduler")
+    ports = SchedulerPorts(f"ipc://{ipc_dir}/to_scheduler", from_scheduler or f"ipc://{ipc_dir}/from_scheduler")
     ready_addr = f"ipc://{ipc_dir}/ready"
     ctx = zmq.Context.instance()
     ready = ctx.socket(zmq.PULL)
@@ -78,44 +143,11 @@ def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0) -> Sched
     procs: list[subprocess.Popen] = []
     for rank in range(server_args.tp_size):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "radixserve.managers.scheduler_process"], stdin=subprocess.PIPE, close_fds=True
+            [sys.executable, "-m", "radixserve.managers.scheduler_process"], stdin=subprocess.PIPE, close_fds=True,
+            env=env,
         )
         assert proc.stdin is not None
-        proc.stdin.write(pickle.dumps((server_args, ports, rank, ready_addr)))
+        proc.stdin.write(pickle.dumps((server_args, ports, rank, ready_addr, dp_rank)))
         proc.stdin.close()
         procs.append(proc)
-    msgs: dict[int, dict[str, Any]] = {}
-    try:
-        deadline = time.monotonic() + timeout_s
-        while len(msgs) < len(procs):
-            if ready.poll(500):
-                m = ready.recv_pyobj()
-                msgs[int(m.get("tp_rank", 0))] = m
-                if m.get("status") != "ready":
-                    break  # report the first failure; the other ranks are stopped below
-                continue
-            dead = [p for p in procs if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"scheduler process exited during start-up (exit code {dead[0].returncode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError("scheduler process did not become ready in time")
-    except BaseException:
-        for p in procs:
-            p.kill()
-            p.wait()
-        shutil.rmtree(ipc_dir, ignore_errors=True)
-        raise
-    finally:
-        ready.close(linger=0)
-    msg = next((m for m in msgs.values() if m.get("status") != "ready"), msgs.get(0, {}))
-    proc = procs[0]
-    if msg.get("status") != "ready":
-        for p in procs:
-            _stop(p, 10)
-        shutil.rmtree(ipc_dir, ignore_errors=True)
-        # NOTE: ValueError for bad configuration (unknown architecture, missing file...) so
-        # callers see the same exception type the loader raised.
-        exc = ValueError if msg.get("exc_type") == "ValueError" else RuntimeError
-        raise exc(f"scheduler failed to start: {msg.get('error')}")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return SchedulerHandle(proc, ports, msg, ipc_dir, procs[1:])
+    return PendingScheduler(procs, ports, ipc_dir, ready)

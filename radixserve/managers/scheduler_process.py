@@ -12,6 +12,9 @@ also every 200 ms when idle), and every rank then handles the same messages and 
 step: the schedulers make the same decisions from the same inputs (timeouts use rank 0's clock;
 sampled tokens are rank 0's, ModelRunner.sample), and --check-invariants compares a digest of each
 step's batch across ranks. Only rank 0 sends outputs.
+
+Data parallel (--dp-size N): N such groups, replica `dp_rank` each; all push their outputs to the one
+address the TokenizerManager binds (managers/data_parallel_controller.py routes the requests).
 """
 
 from __future__ import annotations
@@ -53,11 +56,18 @@ class ShutdownReq:
 
 
 class SchedulerProcess:
-    def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int = 0) -> None:
+    def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int = 0, dp_rank: int = 0) -> None:
+        import torch
+
         from radixserve.managers.scheduler import Scheduler
 
+        # Unseeded sampling draws from the process's torch generator, whose default seed is the same in
+        # every process: without an offset, two replicas given the samples of one n > 1 call would draw
+        # the same numbers. TP ranks of a replica share it (their sampled tokens are rank 0's anyway).
+        torch.manual_seed(server_args.random_seed + dp_rank)
         self.scheduler = Scheduler(server_args, tp_rank=tp_rank)
         self.tp_rank = tp_rank
+        self.dp_rank = dp_rank
         self.ps = self.scheduler.model_runner.parallel_state
         self.ctx = zmq.Context(1)
         self.recv_sock = self.send_sock = None
@@ -82,6 +92,7 @@ class SchedulerProcess:
             "eos_token_ids": list(s.model_config.eos_token_ids),
             "weight_bytes": s.model_runner.weight_bytes,
             "tp_rank": self.tp_rank,
+            "dp_rank": self.dp_rank,
         }
 
     def recv_requests(self, block: bool) -> list[Any]:
@@ -107,15 +118,15 @@ class SchedulerProcess:
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid)
         elif isinstance(msg, FlushCacheReq):
-            self.send(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id))
+            self.send(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, GetServerInfoReq):
             data = s.get_server_info()
             if msg.steps_since is not None:
                 data.update(s.step_log.snapshot(s, msg.steps_since, msg.steps_rid, msg.steps_limit))
-            self.send(RpcOutput("server_info", data=data, rpc_id=msg.rpc_id))
+            self.send(RpcOutput("server_info", data=data, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, GetRadixTreeReq):
             tree = radix_tree_json(s.tree_cache, msg.max_nodes, msg.max_depth)
-            self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id))
+            self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, ShutdownReq):
             self.running = False
 
@@ -147,7 +158,8 @@ def _die_with_parent() -> None:
         pass  # elsewhere the getppid() check in the idle loop catches it
 
 
-def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int, ready_addr: str) -> None:
+def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_rank: int, ready_addr: str,
+                          dp_rank: int = 0) -> None:
     """Entry point of the scheduler process; reports 'ready' (or the error) on ready_addr."""
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1)
@@ -157,9 +169,10 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_ran
     ready = zmq.Context.instance().socket(zmq.PUSH)
     ready.connect(ready_addr)
     try:
-        proc = SchedulerProcess(server_args, ports, tp_rank)
+        proc = SchedulerProcess(server_args, ports, tp_rank, dp_rank)
     except Exception as e:  # report any start-up failure to the parent verbatim
-        ready.send_pyobj({"status": "error", "exc_type": type(e).__name__, "error": f"{type(e).__name__}: {e}",
+        where = f" (dp rank {dp_rank})" if server_args.dp_size > 1 else ""
+        ready.send_pyobj({"status": "error", "exc_type": type(e).__name__, "error": f"{type(e).__name__}: {e}{where}",
                           "traceback": traceback.format_exc(), "tp_rank": tp_rank})
         ready.close(linger=2000)
         return
@@ -172,7 +185,8 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, tp_ran
             # rank 0 is gone (stopped, or it failed and reported why itself): follow it quietly
             raise SystemExit(0) from None
         # Only faults no request could be blamed for get here (FailureIsolation pins the rest).
-        print(f"radixserve: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+        where = f" of dp rank {dp_rank}" if server_args.dp_size > 1 else ""
+        print(f"radixserve: the scheduler{where} stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 

@@ -112,9 +112,9 @@ class ModelRunner:
         self.tp_size = server_args.tp_size
         if self.device.type == "cpu" and server_args.num_threads:
             torch.set_num_threads(server_args.num_threads)
-        elif self.device.type == "cpu" and server_args.tp_size > 1:
-            # the machine's cores split across the ranks: a rank never oversubscribes them
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // server_args.tp_size))
+        elif self.device.type == "cpu" and server_args.tp_size * server_args.dp_size > 1:
+            # the machine's cores split across the ranks of every replica: a rank never oversubscribes them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (server_args.tp_size * server_args.dp_size)))
         self.parallel_state = parallel_state or init_parallel_state(
             tp_rank, server_args.tp_size, server_args.dist_init_addr, server_args.device
         )
