@@ -105,9 +105,11 @@ def selected_isa() -> str:
 
 
 def build_dir(isa: str) -> str:
-    """One cache folder per (ISA, CPU model, torch version, sources): never a library from another
-    machine, and two checkouts with different sources never rebuild over each other."""
-    h = hashlib.sha1(f"{cpu_info()[1]}|{torch.__version__}".encode())
+    """One cache folder per (ISA, CPU model, torch version, sources and their folder): never a library
+    from another machine, and two checkouts never rebuild over each other."""
+    # the sources' folder too: the build files name absolute paths, so two checkouts with the same
+    # sources would otherwise rebuild over each other's folder
+    h = hashlib.sha1(f"{cpu_info()[1]}|{torch.__version__}|{os.path.realpath(_CSRC)}".encode())
     for path in SOURCES + HEADERS:
         with open(path, "rb") as f:
             h.update(f.read())
