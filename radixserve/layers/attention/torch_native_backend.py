@@ -84,6 +84,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         if mode.is_decode() or mode.is_target_verify():
             batched_rows = list(range(fb.batch_size))
+        elif mode.is_mixed() and fb.num_extend_reqs is not None:
+            batched_rows = list(range(fb.num_extend_reqs, fb.batch_size))  # the decodes
         elif mode.is_mixed():
             batched_rows = [i for i, e in enumerate(ext) if e == 1 and pre[i] > 0]
         else:
