@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     insp.add_argument("--tokens", action="store_true", help="also print input_ids / out_cache_loc")
     insp.set_defaults(func=_inspect)
 
-    bench = sub.add_parser("bench", help="benchmarks: roofline | one-batch | serving | offline | baseline | peer | accuracy | speculative | grammar | dashboard | dp")
+    bench = sub.add_parser("bench", help="benchmarks: roofline | one-batch | serving | serving-peer | offline | baseline | peer | accuracy | speculative | grammar | dashboard | dp")
     bench.add_argument("name")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=lambda a: _bench(a.name, a.rest))
@@ -91,11 +91,12 @@ def _bench(name: str, rest: list[str]) -> None:
     import importlib
 
     module = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "offline": "offline",
-              "baseline": "baseline", "peer": "peer",
+              "baseline": "baseline", "peer": "peer", "serving-peer": "serving_peer",
               "accuracy": "accuracy", "speculative": "speculative", "grammar": "grammar",
               "dashboard": "dashboard", "dp": "data_parallel"}.get(name.replace("_", "-"))
     if module is None:
-        raise SystemExit(f"unknown benchmark {name!r}: roofline | one-batch | serving | offline | baseline | peer | accuracy | speculative | grammar | dashboard")
+        raise SystemExit(f"unknown benchmark {name!r}: roofline | one-batch | serving | serving-peer | offline | baseline | peer | "
+                         "accuracy | speculative | grammar | dashboard | dp")
     importlib.import_module(f"radixserve.bench.{module}").main(rest)
 
 
