@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--formats: choose from {list(FORMATS)}")
     if not 1 <= args.num_prompts <= len(PROMPTS) or not 1 <= args.max_new_tokens <= 1024:
         raise SystemExit(f"--num-prompts must be 1..{len(PROMPTS)} and --max-new-tokens 1..1024")
+    if args.llama_server:
+        from radixserve.bench.server_process import check_binary
+
+        check_binary(args.llama_server, "--llama-server")
     from radixserve.model_loader import get_tokenizer
 
     exact = _runner(args.model_path, "none", args.threads)

@@ -61,12 +61,17 @@ def local_radixserve(extra_args: list[str], api_key: str | None = None) -> Itera
         yield base
 
 
+def check_binary(path: str, what: str) -> None:
+    """Refuse a peer binary that cannot run, before anything is started or loaded."""
+    if not os.access(path, os.X_OK) or os.path.isdir(path):
+        raise SystemExit(f"{what} {path}: not an executable file")
+
+
 @contextlib.contextmanager
 def local_llama_server(binary: str, gguf: str, threads: int, parallel: int = 1, ctx: int = 32768,
                        flash_attn: bool = True) -> Iterator[str]:
     """llama.cpp's server on the same GGUF: `-np parallel` slots sharing a `-c ctx` context."""
-    if not os.access(binary, os.X_OK):
-        raise SystemExit(f"llama-server {binary}: not an executable file")
+    check_binary(binary, "llama-server")
     port = free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-np", str(parallel),
            "-c", str(ctx), *(["-fa"] if flash_attn else [])]
