@@ -21,7 +21,11 @@ def _knob(default: Any, help: str, **extra: Any) -> Any:
 
 
 MAX_RANKS = 64  # tp_size * pp_size per replica: one process per rank, so an absurd value must not fork-bomb the host
+MAX_DP_SIZE = 64  # replicas (each tp_size * pp_size processes): an absurd value must not fork-bomb the host
+MAX_PROCESSES = 256  # scheduler processes of one server, all replicas' ranks together
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # managers/data_parallel_controller.py
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral")  # function_call/tool_parser.py
 
@@ -35,7 +39,16 @@ class ServerArgs:
         None, "model name(s) the API answers to, comma-separated: the first is reported, the others are "
         "aliases (default: the file name; 'default' is always accepted)"
     )
-    dtype: str = _knob("float32", "compute dtype: float32 | float16 | bfloat16 (CPU: use float32)")
+    dtype: str = _knob(
+        "auto", "auto | float32 | bfloat16 | float16: the GEMMs' dtype. On a CPU activations, norms, attention math "
+        "and sampling stay float32 and bfloat16 means bf16 weights and GEMMs (oneDNN / AMX); on CUDA the model "
+        "runs in it. auto = bfloat16 on a CPU with native bf16 matmul (AMX-BF16 or AVX512-BF16, detected at run "
+        "time), else float32; on CUDA bfloat16 where supported, else float16"
+    )
+    kv_cache_dtype: str = _knob(
+        "auto", "auto | float32 | bfloat16: the KV cache's storage dtype (attention computes in the activation "
+        "dtype; a bf16 cache halves the bytes a decode step reads from it). auto = the activation dtype"
+    )
     device: str = _knob("cpu", "cpu | cuda")
     attention_backend: str = _knob(
         "auto", "auto | torch_native | cpu_paged (C++ kernel reading the paged KV pool in place; auto = cpu_paged "
@@ -43,12 +56,16 @@ class ServerArgs:
     )
     linear_backend: str = _knob("auto", "auto | torch | onednn: projections' GEMM (auto = oneDNN packed on CPU float32)")
     quantization: str = _knob(
-        "auto", "auto | none | int8 | int4: a low-bit copy of every projection and the LM head that steps of "
-        "<= 4 rows (batch-1..4 decode) run with block-quantised int8 activations; longer steps keep the float "
-        "weights. auto = a GGUF's own Q8_0 / Q4_0 / Q4_1 blocks kept as they are (other low-bit types "
-        "re-quantised to the nearest of Q8_0 / Q4_1, float tensors kept float), none for Hugging Face "
-        "folders, GPUs and deterministic mode; int8 / int4 quantise float weights at load (Q8_0 / Q4_1, "
-        "32-blocks). none = float only, the exact mode. CPU float32 only"
+        "auto", "auto | none | int8 | int4: low-bit weights run by the C++ integer kernels with block-quantised "
+        "int8 activations (which steps: quant_max_rows). auto = a GGUF's own Q8_0 / Q4_0 / Q4_1 blocks kept as "
+        "they are (other low-bit types re-quantised to the nearest of Q8_0 / Q4_1, float tensors kept float), "
+        "none for Hugging Face folders, GPUs and deterministic mode; int8 / int4 quantise float weights at load "
+        "(Q8_0 / Q4_1, 32-blocks). none = float only, the exact mode. CPU only"
+    )
+    quant_max_rows: int | None = _knob(
+        None, "with low-bit weights: steps of at most this many rows run the low-bit copy, longer ones the float "
+        "weights. None = auto: every step where the float GEMMs would run in float32 (the integer kernels are "
+        "faster at every size there, and the float copies are then not kept), 32 where they run in bf16 (AMX)"
     )
     disable_cpu_graph: bool = _knob(
         False, "run DECODE steps layer by layer in Python instead of the native decoder stack (CpuGraphRunner, "
@@ -113,7 +130,17 @@ class ServerArgs:
         1, "pipeline-parallel stages: the layers split into this many contiguous stages (embedding on the first, "
         "final norm + LM head on the last), each stage tp_size ranks; tp_size * pp_size <= 64"
     )
-    dp_size: int = _knob(1, "data-parallel replicas")
+    dp_size: int = _knob(
+        1, "data-parallel replicas: each a full scheduler group (tp_size * pp_size processes) with its own weights "
+        "and KV pool (--max-total-tokens, --max-running-requests are per replica); requests are routed by "
+        "--load-balance-method"
+    )
+    # prefix_aware: measured best by `radixserve bench dp` (README, "Data parallel")
+    load_balance_method: str = _knob(
+        "prefix_aware", "round_robin | shortest_queue | prefix_aware: how --dp-size > 1 routes each request. "
+        "shortest_queue = the replica with the fewest requests in flight; prefix_aware = the replica whose recent "
+        "prompts share the longest prefix with this one (its radix cache likely holds it), else shortest_queue"
+    )
     nnodes: int = _knob(1, "machines the tp_size * pp_size ranks are spread over (evenly, in rank order)")
     node_rank: int = _knob(0, "this machine's rank among nnodes (0 serves HTTP; the others only run ranks)")
     dist_init_addr: str | None = _knob(
@@ -134,7 +161,7 @@ class ServerArgs:
         "forward (greedy requests without penalties / logit_bias / logprobs; output identical to plain greedy). "
         "draft_model is not implemented yet (refused)"
     )
-    # 3 drafts + the last token = 4 verified rows: the most the low-bit few-row path takes (QUANT_MAX_ROWS)
+    # 3 drafts: ~3 tokens accepted per verify on copy-heavy text (bench speculative), little waste elsewhere
     speculative_num_draft_tokens: int = _knob(3, "most draft tokens verified per request per step (1..16)")
     # 2: a one-token match is mostly chance, and a rejected verify costs about a decode step (measured: bench speculative)
     speculative_ngram_min_match_window: int = _knob(2, "ngram: shortest suffix that may match (tokens)")
@@ -154,7 +181,10 @@ class ServerArgs:
     )
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
-    num_threads: int | None = _knob(None, "torch intra-op threads in the scheduler (default: all cores)")
+    num_threads: int | None = _knob(
+        None, "torch intra-op threads of each scheduler process (default: the machine's cores split over its "
+        "scheduler processes, tp_size x pp_size / nnodes x dp_size)"
+    )
     trace_batches: str | None = _knob(None, "write one JSON line per step to this file")
     check_invariants: bool = _knob(False, "validate every ForwardBatch and the KV accounting each step")
     log_level: str = _knob("warning", "logging level")
@@ -177,8 +207,10 @@ class ServerArgs:
         if not self.rpc_timeout > 0 or not self.graceful_shutdown_timeout >= 0:
             bad("rpc_timeout", "rpc_timeout must be > 0 and graceful_shutdown_timeout >= 0")
 
-        if self.dtype not in ("float32", "float16", "bfloat16"):
-            bad("dtype", f"must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            bad("dtype", f"must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            bad("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             bad("device", f"must be cpu or cuda, got {self.device!r}")
         if self.attention_backend not in ("auto", "torch_native", "cpu_paged"):
@@ -187,15 +219,17 @@ class ServerArgs:
             bad("linear_backend", f"must be auto, torch or onednn, got {self.linear_backend!r}")
         if self.quantization not in QUANTIZATION_MODES:
             bad("quantization", f"must be auto, none, int8 or int4, got {self.quantization!r}")
-        if self.quantization in ("int8", "int4") and (self.device != "cpu" or self.dtype != "float32"):
-            bad("quantization", f"{self.quantization} runs on the CPU in float32 (device=cpu, dtype=float32)")
+        if self.quantization in ("int8", "int4") and self.device != "cpu":
+            bad("quantization", f"{self.quantization} runs on the CPU (device=cpu)")
+        if self.quant_max_rows is not None and not 1 <= self.quant_max_rows <= 1 << 20:
+            bad("quant_max_rows", f"must be in [1, {1 << 20}] or None (auto), got {self.quant_max_rows}")
         if self.quantization in ("int8", "int4") and self.enable_deterministic_inference:
             # the low-bit path serves steps of few rows only, so a row's numbers would depend on its batch
             bad("quantization", f"{self.quantization} and enable_deterministic_inference cannot be combined")
         if self.enable_deterministic_inference:
             why = None
-            if self.device != "cpu" or self.dtype != "float32":
-                why = f"needs device=cpu and dtype=float32 (got {self.device}, {self.dtype})"
+            if self.device != "cpu" or self.dtype not in ("auto", "float32"):
+                why = f"needs device=cpu and dtype=float32 or auto (got {self.device}, {self.dtype})"
             elif self.attention_backend == "torch_native":
                 why = "uses its own C++ attention path for every mode; attention_backend=torch_native conflicts"
             elif self.tp_size > 2:
@@ -214,14 +248,25 @@ class ServerArgs:
             bad("max_prefill_tokens", "must be >= 1")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        if self.tp_size < 1 or self.dp_size < 1 or self.nnodes < 1:
-            bad("tp_size", "tp_size, dp_size and nnodes must be >= 1")
+        for name in ("tp_size", "pp_size", "dp_size", "nnodes"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be >= 1, got {getattr(self, name)}")
         if self.tp_size > MAX_RANKS:
             bad("tp_size", f"must be <= {MAX_RANKS}, got {self.tp_size}")
-        if not 1 <= self.pp_size <= MAX_RANKS:
-            bad("pp_size", f"must be in [1, {MAX_RANKS}], got {self.pp_size}")
+        if self.pp_size > MAX_RANKS:
+            bad("pp_size", f"must be <= {MAX_RANKS}, got {self.pp_size}")
         if self.ranks_per_replica > MAX_RANKS:
             bad("pp_size", f"tp_size * pp_size must be <= {MAX_RANKS}, got {self.tp_size} * {self.pp_size}")
+        if self.dp_size > MAX_DP_SIZE or self.ranks_per_replica * self.dp_size > MAX_PROCESSES:
+            bad("dp_size", f"must be <= {MAX_DP_SIZE} with dp_size * tp_size * pp_size <= {MAX_PROCESSES} scheduler "
+                f"processes, got dp_size {self.dp_size} x {self.ranks_per_replica} ranks")
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            bad("load_balance_method", f"must be one of {LOAD_BALANCE_METHODS}, got {self.load_balance_method!r}")
+        if self.dp_size > 1 and self.device.startswith("cuda:"):
+            bad("device", f"with dp_size > 1 give device=cuda (replica k takes GPUs k*tp_size ..), got {self.device!r}")
+        if self.dp_size > 1 and self.nnodes > 1:
+            bad("dp_size", "data parallel across machines (nnodes > 1) is not supported: run one server per "
+                "machine behind a router, or dp_size 1")
         if self.ranks_per_replica % self.nnodes:
             bad("nnodes", f"tp_size * pp_size ({self.ranks_per_replica}) must be a multiple of nnodes "
                 f"({self.nnodes}): every node runs the same number of ranks")

@@ -9,7 +9,11 @@ speed up), and at every position we compare:
   |Δ logprob|       |logprob_format(t) - logprob_exact(t)| of the exact mode's chosen token t
   first-position top-5 |Δ logprob|: the drift llama.cpp quotes for its own quantised formats
 
-    radixserve bench accuracy --formats auto,int8,int4
+With --llama-server PATH, llama.cpp reads the same file and the same tokens in the same run (its
+server's /completion with n_probs: the raw softmax, before sampling), so its own drift from the
+exact mode is the row next to ours.
+
+    radixserve bench accuracy --formats auto,int8,int4 [--llama-server PATH/llama-server]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary: its drift, same run")
     p.add_argument("--json", default=None)
     return p
 
@@ -76,6 +81,45 @@ def _trace(runner: Any, prompt: list[int], forced: list[int] | None, n: int) -> 
         drv.release_all()
 
 
+LLAMA_N_PROBS = 50  # alternatives llama-server returns per position (the exact token is looked up there)
+
+
+def llama_cpp_row(binary: str, gguf: str, threads: int, prompts: list[list[int]],
+                  reference: list[tuple[list[int], list[torch.Tensor]]]) -> dict[str, Any]:
+    """The same comparison for llama.cpp on the same GGUF: one 1-token completion per position with the
+    prompt + the exact mode's tokens so far (its prompt cache makes each a 1-token step)."""
+    import httpx
+
+    from radixserve.bench.server_process import local_llama_server
+
+    agree = total = missing = 0
+    dlp: list[float] = []
+    top5: list[float] = []
+    with local_llama_server(binary, gguf, threads, parallel=1, ctx=4096, flash_attn=False) as base, \
+            httpx.Client(timeout=120) as client:
+        for p, (ref_tokens, ref_lps) in zip(prompts, reference):
+            for i, t in enumerate(ref_tokens):
+                body = {"prompt": p + ref_tokens[:i], "n_predict": 1, "n_probs": LLAMA_N_PROBS, "temperature": 0,
+                        "cache_prompt": True}
+                r = client.post(base + "/completion", json=body)
+                r.raise_for_status()
+                top = {int(x["id"]): float(x["logprob"]) for x in r.json()["completion_probabilities"][0]["top_logprobs"]}
+                total += 1
+                agree += max(top, key=top.get) == t
+                if t in top:
+                    dlp.append(abs(top[t] - float(ref_lps[i][t])))
+                else:
+                    missing += 1
+                if i == 0:
+                    ids = ref_lps[0].topk(5).indices.tolist()
+                    top5.append(sum(abs(top[j] - float(ref_lps[0][j])) for j in ids if j in top) /
+                                max(1, sum(j in top for j in ids)))
+    return {"format": "llama.cpp", "quantization": f"its own kernels on the file ({missing} exact tokens outside "
+            f"its top {LLAMA_N_PROBS})", "top1_agreement": round(agree / total, 4),
+            "mean_abs_dlogprob": round(sum(dlp) / max(1, len(dlp)), 4),
+            "first_pos_top5_abs_dlogprob": round(sum(top5) / max(1, len(top5)), 4), "positions": total}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -83,6 +127,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--formats: choose from {list(FORMATS)}")
     if not 1 <= args.num_prompts <= len(PROMPTS) or not 1 <= args.max_new_tokens <= 1024:
         raise SystemExit(f"--num-prompts must be 1..{len(PROMPTS)} and --max-new-tokens 1..1024")
+    if args.llama_server:
+        from radixserve.bench.server_process import check_binary
+
+        check_binary(args.llama_server, "--llama-server")
     from radixserve.model_loader import get_tokenizer
 
     exact = _runner(args.model_path, "none", args.threads)
@@ -109,6 +157,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append({"format": fmt, "quantization": runner.quant_report.summary(),
                      "top1_agreement": round(agree / total, 4), "mean_abs_dlogprob": round(sum(dlp) / len(dlp), 4),
                      "first_pos_top5_abs_dlogprob": round(sum(top5) / len(top5), 4), "positions": total})
+    if args.llama_server:
+        rows.append(llama_cpp_row(args.llama_server, exact.model_path, args.threads or 2, prompts, reference))
     print(f"{args.num_prompts} chat prompts x {args.max_new_tokens} tokens, teacher-forced on the exact mode's "
           "greedy output (batch-1 decode steps)")
     print_table(rows)

@@ -18,19 +18,14 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
 from radixserve.bench.common import machine_info, print_table, write_json
+from radixserve.bench.server_process import local_radixserve
 from radixserve.bench.serving import RequestResult, send_request
 
 PROMPT = "Write a long story about a lighthouse keeper and the ships that pass by at night."
@@ -57,41 +52,6 @@ def _check(args: argparse.Namespace) -> None:
                          ("max_tokens", 2, 4096), ("interval_ms", 250, 60_000), ("steps", 0, 64)):
         if not lo <= getattr(args, name) <= hi:
             raise SystemExit(f"--{name.replace('_', '-')} must be in [{lo}, {hi}]")
-
-
-# ---------------------------------------------------------------------------- a server of its own
-@contextlib.contextmanager
-def local_server(extra_args: list[str], api_key: str | None, start_timeout_s: float = 900.0) -> Iterator[str]:
-    """`python -m radixserve serve` on a free port until the block ends; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "radixserve", "serve", "--host", "127.0.0.1", "--port", str(port), *extra_args]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    log = tempfile.NamedTemporaryFile(prefix="rs-bench-dashboard-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited with {proc.returncode}; log: {log.name}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the server was not ready after {start_timeout_s:.0f} s; log: {log.name}")
-            time.sleep(0.5)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 # ---------------------------------------------------------------------------- one round
@@ -183,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.base_url:
         rounds = asyncio.run(run_benchmark(args.base_url.rstrip("/"), args))
     else:
-        with local_server(args.server_args.split(), args.api_key) as base:
+        with local_radixserve(args.server_args.split(), args.api_key) as base:
             rounds = asyncio.run(run_benchmark(base, args))
     summary = summarize_rounds(rounds, args.dashboards)
     print_table([{"dashboards": n, "decode tok/s (median)": summary[f"decode_tok_s_{k}"],

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
                    help="ServerArgs.quantization to measure (none = the exact float32 mode)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="ServerArgs.dtype (the GEMMs' dtype; auto = bf16 on AMX / AVX512-BF16 CPUs)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="ServerArgs.kv_cache_dtype")
     p.add_argument("--disable-cpu-graph", action="store_true",
                    help="decode layer by layer in Python (ServerArgs.disable_cpu_graph)")
     p.add_argument("--enable-deterministic-inference", action="store_true",
@@ -81,7 +85,8 @@ def make_runner(args: argparse.Namespace) -> Any:
     server_args = ServerArgs(
         model_path=args.model_path, max_total_tokens=args.max_total_tokens or needed_tokens(args),
         max_running_requests=max(args.batch_sizes) + 1, num_threads=args.threads, show_progress=False,
-        enable_deterministic_inference=args.enable_deterministic_inference, quantization=args.quantization, disable_cpu_graph=args.disable_cpu_graph,
+        enable_deterministic_inference=args.enable_deterministic_inference, quantization=args.quantization,
+        disable_cpu_graph=args.disable_cpu_graph, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
     )
     from radixserve.model_loader import get_model_config
 
@@ -182,7 +187,7 @@ def derive(result: dict[str, Any], runner: Any) -> None:
     bw = []
     for ctx, d in sorted(by_ctx.items()):
         b = model_cost.decode_bytes(cfg, model_cost.streamed_weight_bytes(runner.model, runner.dtype, runner.quant_ops is not None), 1, ctx,
-                                   runner.dtype)
+                                   runner.kv_cache_dtype)
         achieved = b["total_bytes"] / d["decode_step_ms"] / 1e6
         bw.append({"context_len": ctx, **b, "decode_step_ms": d["decode_step_ms"],
                    "bound_ms": b["total_bytes"] / roof["bandwidth_gb_per_s"] / 1e6,
@@ -206,7 +211,7 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
         drv.release_all()
     measured = sorted({r["batch_size"] for r in result["decode"]})
     # the linears as this runner's forward runs them
-    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops):
+    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops, runner.quant_max_rows):
         result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup)
                                  for bs in measured]
     derive(result, runner)

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-len", type=int, default=128)
     p.add_argument("--context-len", type=int, default=128, help="context of radixserve's batch-1 decode steps")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="ServerArgs.kv_cache_dtype of radixserve's runs")
     p.add_argument("--json", default=None)
     return p
 
@@ -59,6 +61,7 @@ def llama_bench(binary: str, gguf: str, threads: int, prompt_len: int, gen_len: 
 def radixserve_figures(fmt: str, args: argparse.Namespace) -> dict[str, float]:
     ns = one_batch.build_parser().parse_args([])
     ns.model_path, ns.threads, ns.quantization = args.model_path, args.threads, FORMATS[fmt]
+    ns.kv_cache_dtype = args.kv_cache_dtype
     ns.prefill_lens, ns.batch_sizes, ns.context_lens = [args.prompt_len], [1], [args.context_len]
     ns.repeats, ns.warmup = args.repeats, 2
     ns.roofline_rows, ns.roofline_min_time = [1, 512], 0.1
@@ -93,6 +96,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     print(f"model {gguf}  |  threads {args.threads}  |  llama.cpp build {peer['build']}  |  {machine_info('cpu')}")
     print_table(rows)
+    print_table([{"format": fmt, "prefill: fraction of peak FLOP/s": round(ours[fmt]["prefill_fraction_of_peak_flops"], 2),
+                  "batch-1 decode: fraction of bandwidth": round(ours[fmt]["decode_fraction_of_bandwidth"], 2),
+                  "decode step ms": round(ours[fmt]["decode_step_ms"], 2)} for fmt in formats],
+                title="\nradixserve against this machine's roofline (bench roofline, measured in each run)")
     result = {"model": gguf, "threads": args.threads, "llama_cpp": peer, "radixserve": ours, "table": rows}
     if args.json:
         write_json(args.json, result)

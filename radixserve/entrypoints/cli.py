@@ -10,6 +10,13 @@ import json
 import sys
 
 
+# `radixserve bench NAME` -> radixserve.bench.MODULE
+BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "serving-peer": "serving_peer",
+              "offline": "offline", "baseline": "baseline", "peer": "peer", "accuracy": "accuracy",
+              "speculative": "speculative", "grammar": "grammar", "dashboard": "dashboard", "dp": "data_parallel",
+              "collectives": "collectives"}
+
+
 def _serve(args: argparse.Namespace) -> None:
     from radixserve.entrypoints.http_server import launch_server
     from radixserve.server_args import ServerArgs
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     insp.add_argument("--tokens", action="store_true", help="also print input_ids / out_cache_loc")
     insp.set_defaults(func=_inspect)
 
-    bench = sub.add_parser("bench", help="benchmarks: roofline | one-batch | serving | offline | baseline | peer | accuracy | speculative | grammar | dashboard | collectives")
+    bench = sub.add_parser("bench", help=f"benchmarks: {' | '.join(BENCHMARKS)}")
     bench.add_argument("name")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=lambda a: _bench(a.name, a.rest))
@@ -90,12 +97,9 @@ def main(argv: list[str] | None = None) -> None:
 def _bench(name: str, rest: list[str]) -> None:
     import importlib
 
-    module = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "offline": "offline",
-              "baseline": "baseline", "peer": "peer",
-              "accuracy": "accuracy", "speculative": "speculative", "grammar": "grammar",
-              "dashboard": "dashboard", "collectives": "collectives"}.get(name.replace("_", "-"))
+    module = BENCHMARKS.get(name.replace("_", "-"))
     if module is None:
-        raise SystemExit(f"unknown benchmark {name!r}: roofline | one-batch | serving | offline | baseline | peer | accuracy | speculative | grammar | dashboard | collectives")
+        raise SystemExit(f"unknown benchmark {name!r}: {' | '.join(BENCHMARKS)}")
     importlib.import_module(f"radixserve.bench.{module}").main(rest)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from radixserve.entrypoints.launcher import SchedulerHandle, launch_scheduler
+from radixserve.entrypoints.replicas import Replicas, launch_replicas
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 from radixserve.managers.scheduler_process import ShutdownReq
 from radixserve.managers.tokenizer_manager import TokenizerManager
@@ -42,14 +42,15 @@ class Engine:
                              f"{self.server_args.node_rank} with `radixserve serve --node-rank "
                              f"{self.server_args.node_rank} ...`")
         self.tokenizer = get_tokenizer(self.server_args.resolved_model_path(), self.server_args.tokenizer_path)
-        self.handle: SchedulerHandle | None = launch_scheduler(self.server_args)
+        self.handle: Replicas | None = launch_replicas(self.server_args)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="radixserve-engine", daemon=True)
         self.thread.start()
-        ports, info = self.handle.ports, self.handle.info
+        handle = self.handle
 
         async def make() -> TokenizerManager:
-            return TokenizerManager(self.tokenizer, ports.to_scheduler, ports.from_scheduler, info, self.server_args)
+            return TokenizerManager(self.tokenizer, handle.to_scheduler, handle.from_scheduler, handle.info,
+                                    self.server_args)
 
         self.tm: TokenizerManager = self._run(make())
         self._closed = False
@@ -68,8 +69,7 @@ class Engine:
         while handle is not None and not self._closed:
             time.sleep(0.5)
             if not handle.is_alive() and not self._closed:
-                reason = f"scheduler process died: {handle.failure()}"
-                self.loop.call_soon_threadsafe(self.tm.fail_all, reason)
+                self.loop.call_soon_threadsafe(self.tm.fail_all, handle.death_reason())
                 return
 
     # ------------------------------------------------------------------ inputs

@@ -1,4 +1,4 @@
-"""The HTTP server: FastAPI on uvicorn in front of one scheduler process.
+"""The HTTP server: FastAPI on uvicorn in front of the scheduler process(es) (entrypoints/replicas.py).
 
     launch_server(args): bind the port (fail fast) -> scheduler process loads the model while
         this one loads the tokenizer -> uvicorn; lifespan start: TokenizerManager on uvicorn's
@@ -35,8 +35,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixserve import __version__
-from radixserve.entrypoints.launcher import SchedulerHandle, launch_scheduler
-from radixserve.entrypoints.openai_serving import APIError, install_error_handlers, scheduler_died
 from radixserve.entrypoints.openai_protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -47,7 +45,9 @@ from radixserve.entrypoints.openai_protocol import (
     ModelCard,
     ModelList,
 )
+from radixserve.entrypoints.openai_serving import APIError, install_error_handlers, scheduler_died
 from radixserve.entrypoints.openapi_docs import error_responses, install_openapi, json_body
+from radixserve.entrypoints.replicas import Replicas, launch_replicas
 from radixserve.entrypoints.request_gate import RequestGate
 from radixserve.entrypoints.server_routes import add_info_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
@@ -66,7 +66,7 @@ WATCHDOG_INTERVAL_S = 0.5
 @dataclass
 class ServerState:
     server_args: ServerArgs
-    handle: SchedulerHandle
+    handle: Replicas
     tokenizer: Any
     tm: TokenizerManager | None = None
     metrics: ServerMetrics | None = None
@@ -93,8 +93,8 @@ def build_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = state.loop = asyncio.get_running_loop()
-        info, ports = state.handle.info, state.handle.ports
-        tm = TokenizerManager(state.tokenizer, ports.to_scheduler, ports.from_scheduler, info, args)
+        handle = state.handle
+        tm = TokenizerManager(state.tokenizer, handle.to_scheduler, handle.from_scheduler, handle.info, args)
         state.tm, state.metrics = tm, ServerMetrics(name)
         tm.metrics = state.metrics
         servings.update(chat=OpenAIServingChat(tm, args, state.metrics),
@@ -104,7 +104,7 @@ def build_app(state: ServerState) -> FastAPI:
         async def watchdog() -> None:
             while state.handle.is_alive():
                 await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            state.death_reason = f"scheduler process died: {state.handle.failure()}"
+            state.death_reason = state.handle.death_reason()
             print(f"radixserve: {state.death_reason}; shutting down", file=sys.stderr, flush=True)
             tm.fail_all(state.death_reason)  # every waiting request gets its 503 now
             if state.uvicorn_server is not None:
@@ -222,14 +222,14 @@ class _Background:
         return self._result
 
 
-def _start_scheduler(server_args: ServerArgs) -> tuple[SchedulerHandle, Any]:
+def _start_scheduler(server_args: ServerArgs) -> tuple[Replicas, Any]:
     """The scheduler process loads the model while this process loads the tokenizer."""
     from radixserve.model_loader import get_tokenizer
 
     model_path = server_args.resolved_model_path()
     print(f"radixserve: loading {model_path} ...", flush=True)
     tokenizer = _Background(get_tokenizer, model_path, server_args.tokenizer_path)
-    handle = launch_scheduler(server_args)
+    handle = launch_replicas(server_args)
     try:
         return handle, tokenizer.result()
     except BaseException:
@@ -247,11 +247,11 @@ def launch_server(server_args: ServerArgs) -> None:
         return run_worker_node(server_args)
     logging.basicConfig(level=server_args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # SIGTERM behaves as Ctrl-C: while the model loads it interrupts launch_scheduler (which
+    # SIGTERM behaves as Ctrl-C: while the model loads it interrupts launch_replicas (which
     # then stops its child), and later uvicorn's own handlers take over and drain.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     sock = _bind(server_args.host, server_args.port)
-    handle: SchedulerHandle | None = None
+    handle: Replicas | None = None
     state: ServerState | None = None
     try:
         try:

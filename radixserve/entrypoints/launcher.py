@@ -14,6 +14,9 @@ TokenizerManager; it broadcasts what it receives to the other ranks (managers/sc
 
 The model's sizes are checked against tp_size / pp_size here, before any process starts, so bad sizes
 fail in a second with a message naming them, never after the weights load.
+
+This starts one such group (a replica). With --dp-size N, entrypoints/replicas.py starts N of them:
+start_scheduler() spawns each (so they load at once), PendingScheduler.wait_ready() awaits each.
 """
 
 from __future__ import annotations
@@ -96,9 +99,86 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0) -> SchedulerHandle:
-    if server_args.dp_size != 1:
-        raise ValueError("dp_size > 1 is not supported yet (see the README)")
+def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0, from_scheduler: str | None = None,
+                     dp_rank: int = 0, env: dict[str, str] | None = None) -> SchedulerHandle:
+    """Start this node's ranks of one scheduler group (one replica) and wait until they are ready.
+
+    from_scheduler: where its outputs go (default: a fresh address; data parallel gives every replica the
+    TokenizerManager's one address); dp_rank names the replica in its logs and answers; env: its environment."""
+    return start_scheduler(server_args, from_scheduler, dp_rank, env).wait_ready(timeout_s)
+
+
+@dataclass
+class PendingScheduler:
+    """A replica whose processes are started and loading: several load at once (entrypoints/replicas.py)."""
+
+    procs: dict[int, subprocess.Popen]  # this node's ranks
+    ports: SchedulerPorts
+    ipc_dir: str
+    ready: Any  # the PULL socket each rank reports 'ready' (or its start-up error) on
+    monitor: NodeMonitor
+    layout: RankLayout
+
+    def kill(self) -> None:
+        self.monitor.stop()
+        stop_processes(list(self.procs.values()), 0.0)
+        self.ready.close(linger=0)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def wait_ready(self, timeout_s: float = 900.0) -> SchedulerHandle:
+        """Every local rank's 'ready' message, or the first start-up failure (here or on another node) raised."""
+        try:
+            msgs = self._wait(timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        self.ready.close(linger=0)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return SchedulerHandle(self.procs, self.ports, msgs[min(msgs)], self.ipc_dir, self.monitor)
+
+    def _wait(self, timeout_s: float) -> dict[int, dict[str, Any]]:
+        msgs: dict[int, dict[str, Any]] = {}
+        errors: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout_s
+        first_error: float | None = None
+        while len(msgs) < len(self.procs):
+            if self.ready.poll(500):
+                m = self.ready.recv_pyobj()
+                rank = int(m.get("rank", 0))
+                if m.get("status") == "ready":
+                    msgs[rank] = m
+                    continue
+                errors[rank] = m
+                first_error = first_error or time.monotonic()
+                if not m.get("peer_lost"):  # the cause: tell the other nodes and stop
+                    self.monitor.report(self._start_error_text(rank, m))
+                    _raise_start_error(m, self.monitor.failure)
+            if self.monitor.failure is not None:
+                raise RuntimeError(f"scheduler failed to start: {self.monitor.failure}")
+            if first_error is not None and time.monotonic() - first_error > GRACE_S:
+                rank = min(errors)  # only ranks that lost a peer reported: name one
+                self.monitor.report(self._start_error_text(rank, errors[rank]))
+                _raise_start_error(errors[rank], self.monitor.failure)
+            if time.monotonic() > deadline:
+                raise RuntimeError("scheduler process did not become ready in time")
+        return msgs
+
+    def _start_error_text(self, rank: int, msg: dict[str, Any]) -> str:
+        error = str(msg.get("error"))
+        return error if self.layout.world_size == 1 else f"{self.layout.describe(rank)}: {error}"
+
+
+def _raise_start_error(msg: dict[str, Any], text: str | None) -> None:
+    # NOTE: ValueError for bad configuration (unknown architecture, missing file...) so
+    # callers see the same exception type the loader raised.
+    exc = ValueError if msg.get("exc_type") == "ValueError" else RuntimeError
+    raise exc(f"scheduler failed to start: {text or msg.get('error')}")
+
+
+def start_scheduler(server_args: ServerArgs, from_scheduler: str | None = None, dp_rank: int = 0,
+                    env: dict[str, str] | None = None) -> PendingScheduler:
+    """Spawn this node's ranks of one replica (from the calling thread: each sets PR_SET_PDEATHSIG, which
+    fires when the thread that spawned it ends) without waiting for them to load."""
     layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
     cfg = get_model_config(server_args.resolved_model_path(), server_args.context_length)
     check_model_fits(cfg, layout.tp_size, layout.pp_size)
@@ -108,70 +188,18 @@ def launch_scheduler(server_args: ServerArgs, timeout_s: float = 900.0) -> Sched
             server_args = server_args.replace(dist_init_addr=f"127.0.0.1:{_free_port()}")
         store = open_rendezvous(server_args)
     ipc_dir = tempfile.mkdtemp(prefix="radixserve-")
-    ports = SchedulerPorts(f"ipc://{ipc_dir}/to_scheduler", f"ipc://{ipc_dir}/from_scheduler")
+    ports = SchedulerPorts(f"ipc://{ipc_dir}/to_scheduler", from_scheduler or f"ipc://{ipc_dir}/from_scheduler")
     ready_addr = f"ipc://{ipc_dir}/ready"
-    ctx = zmq.Context.instance()
-    ready = ctx.socket(zmq.PULL)
+    ready = zmq.Context.instance().socket(zmq.PULL)
     ready.bind(ready_addr)
     procs: dict[int, subprocess.Popen] = {}
     for rank in layout.node_ranks(server_args.node_rank):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "radixserve.managers.scheduler_process"], stdin=subprocess.PIPE, close_fds=True
+            [sys.executable, "-m", "radixserve.managers.scheduler_process"], stdin=subprocess.PIPE, close_fds=True,
+            env=env,
         )
         assert proc.stdin is not None
-        proc.stdin.write(pickle.dumps((server_args, ports, rank, ready_addr)))
+        proc.stdin.write(pickle.dumps((server_args, ports, rank, ready_addr, dp_rank)))
         proc.stdin.close()
         procs[rank] = proc
-    monitor = NodeMonitor(server_args, procs, store)
-    try:
-        msgs = _wait_ready(ready, procs, monitor, layout, timeout_s)
-    except BaseException:
-        monitor.stop()
-        stop_processes(list(procs.values()), 0.0)
-        shutil.rmtree(ipc_dir, ignore_errors=True)
-        raise
-    finally:
-        ready.close(linger=0)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return SchedulerHandle(procs, ports, msgs[min(msgs)], ipc_dir, monitor)
-
-
-def _wait_ready(ready: Any, procs: dict[int, subprocess.Popen], monitor: NodeMonitor, layout: RankLayout,
-                timeout_s: float) -> dict[int, dict[str, Any]]:
-    """Every local rank's 'ready' message, or the first start-up failure (here or on another node) raised."""
-    msgs: dict[int, dict[str, Any]] = {}
-    errors: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    first_error: float | None = None
-    while len(msgs) < len(procs):
-        if ready.poll(500):
-            m = ready.recv_pyobj()
-            rank = int(m.get("rank", 0))
-            if m.get("status") == "ready":
-                msgs[rank] = m
-                continue
-            errors[rank] = m
-            first_error = first_error or time.monotonic()
-            if not m.get("peer_lost"):  # the cause: tell the other nodes and stop
-                monitor.report(_start_error_text(layout, rank, m))
-                _raise_start_error(m, monitor.failure)
-        if monitor.failure is not None:
-            raise RuntimeError(f"scheduler failed to start: {monitor.failure}")
-        if first_error is not None and time.monotonic() - first_error > GRACE_S:
-            rank = min(errors)  # only ranks that lost a peer reported: name one
-            monitor.report(_start_error_text(layout, rank, errors[rank]))
-            _raise_start_error(errors[rank], monitor.failure)
-        if time.monotonic() > deadline:
-            raise RuntimeError("scheduler process did not become ready in time")
-    return msgs
-
-
-def _start_error_text(layout: RankLayout, rank: int, msg: dict[str, Any]) -> str:
-    return str(msg.get("error")) if layout.world_size == 1 else f"{layout.describe(rank)}: {msg.get('error')}"
-
-
-def _raise_start_error(msg: dict[str, Any], text: str | None) -> None:
-    # NOTE: ValueError for bad configuration (unknown architecture, missing file...) so
-    # callers see the same exception type the loader raised.
-    exc = ValueError if msg.get("exc_type") == "ValueError" else RuntimeError
-    raise exc(f"scheduler failed to start: {text or msg.get('error')}")
+    return PendingScheduler(procs, ports, ipc_dir, ready, NodeMonitor(server_args, procs, store), layout)

@@ -9,7 +9,7 @@
 Each parameter carries a `weight_loader(param, loaded_weight, shard_id)` that slices the full
 checkpoint tensor to this rank's part, so a rank only keeps its own shard.
 
-On CPU in float32, `pack_linear_weights(model)` (called by ModelRunner after loading) moves every
+On CPU, `prepare_float_weights(model, ...)` (called by ModelRunner after loading) moves every
 projection to oneDNN's prepacked layout. Measured on this project's 2-core AVX2 machine, MKL's
 `F.linear` streams a large weight at ~9 GB/s at one row and runs 32-row GEMMs at 20-40 GFLOP/s;
 oneDNN's packed kernel reads the same weights ~2x faster at 1 row and runs 32 rows 1.3-2.3x faster,
@@ -29,6 +29,7 @@ from torch import nn
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from radixserve.distributed.parallel_state import ParallelState
@@ -37,40 +38,66 @@ from radixserve.layers.quantization.qweight import QuantWeight
 
 LINEAR_BACKENDS = ("auto", "torch", "onednn")
 
-# Steps of at most this many rows run on the low-bit copy (QuantWeight) when the runner enabled it.
-# Measured on the 2-core AVX2 dev machine with the default model (bench one-batch): the Q4_1 / Q8_0
-# kernels recompute every dot product per row, so their cost grows with the rows while oneDNN's float
-# GEMM at a few rows is bound by the (4-6x larger) weight stream; they cross near 4 rows.
-QUANT_MAX_ROWS = 4
+# Which steps run on the low-bit copy (QuantWeight) when the runner has one. The integer kernels
+# (kernels/cpu/csrc/quant_linear.cpp) take activation rows 4 at a time against each unpacked weight
+# block; measured on the 2-core AVX2 dev machine they beat oneDNN's float32 GEMM at every row count
+# (4-5x at 1 row, 1.5-2.3x at 8-128 rows, 1.3x at 512), so with a float32 float path every step runs
+# low-bit and the float copies of the quantised projections are not even kept. A CPU whose float path
+# is bf16 on AMX (~1,100 GFLOP/s) wins long steps with it: there steps of more rows than this run the
+# bf16 GEMMs (the crossover of a ~1 TFLOP/s GEMM against the ~0.2-0.3 TOP/s integer path).
+LOW_BIT_MAX_ROWS_WITH_BF16 = 32
 
-# torch.ops.radixserve_cpu while a runner that enabled low-bit weights runs a forward; None otherwise.
-# A context flag, not module state, so runners sharing weights never mix.
-_QUANT_OPS: ContextVar[Any] = ContextVar("radixserve_quant_ops", default=None)
+
+def resolve_low_bit_max_rows(setting: int | None, gemm_dtype: torch.dtype) -> int | None:
+    """ServerArgs.quant_max_rows -> the cap a runner uses: an explicit value as given, else None (every
+    step) when the float GEMMs would run in float32, LOW_BIT_MAX_ROWS_WITH_BF16 when they run in bf16."""
+    if setting:
+        return setting
+    return LOW_BIT_MAX_ROWS_WITH_BF16 if gemm_dtype == torch.bfloat16 else None
+
+
+@dataclass(frozen=True)
+class LowBitMode:
+    ops: Any  # torch.ops.radixserve_cpu
+    max_rows: int | None  # steps of at most this many rows take the low-bit copy; None = every step
+
+
+# The mode while a runner that enabled low-bit weights runs a forward; None otherwise. A context
+# flag, not module state, so runners sharing weights never mix.
+_LOW_BIT: ContextVar[LowBitMode | None] = ContextVar("radixserve_low_bit", default=None)
 
 
 @contextmanager
-def quant_rows_mode(ops: Any) -> Iterator[None]:
-    token = _QUANT_OPS.set(ops)
+def quant_rows_mode(ops: Any, max_rows: int | None = None) -> Iterator[None]:
+    """Run low-bit copies for steps of <= max_rows rows (None = every step); ops None = off."""
+    token = _LOW_BIT.set(None if ops is None else LowBitMode(ops, max_rows))
     try:
         yield
     finally:
-        _QUANT_OPS.reset(token)
+        _LOW_BIT.reset(token)
 
 
-def onednn_linear_available() -> bool:
-    """True when this torch build has oneDNN's packed linear (x86 CPU wheels do)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def onednn_linear_available(dtype: torch.dtype = torch.float32) -> bool:
+    """True when this torch build has oneDNN's packed linear for `dtype` on this CPU (x86 CPU wheels do
+    for float32; bf16 / fp16 need the CPU's native support, e.g. AVX512-BF16 / AMX, which oneDNN checks)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return dtype == torch.float32
 
 
 def resolve_linear_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """`auto` means oneDNN on a CPU in float32 (where it was measured faster), plain torch elsewhere."""
+    """`auto` means oneDNN's packed GEMM on a CPU that runs `dtype` natively in it, plain torch elsewhere."""
     if backend not in LINEAR_BACKENDS:
         raise ValueError(f"linear_backend must be one of {LINEAR_BACKENDS}, got {backend!r}")
     if backend == "auto":
-        ok = device.type == "cpu" and dtype == torch.float32 and onednn_linear_available()
-        return "onednn" if ok else "torch"
-    if backend == "onednn" and not (device.type == "cpu" and onednn_linear_available()):
-        raise ValueError("linear_backend='onednn' needs a CPU device and a torch build with oneDNN")
+        return "onednn" if device.type == "cpu" and onednn_linear_available(dtype) else "torch"
+    if backend == "onednn" and not (device.type == "cpu" and onednn_linear_available(dtype)):
+        raise ValueError(f"linear_backend='onednn' needs a CPU device, a torch build with oneDNN and, for {dtype}, "
+                         "the CPU's native support")
     return backend
 
 
@@ -80,33 +107,66 @@ class PackableLinear(nn.Module):
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
     qweight: QuantWeight | None = None  # the low-bit copy for few-row steps (layers/quantization/)
+    # the float GEMM's dtype when it differs from the activations' (CPU bf16: float32 activations,
+    # bf16 weights and GEMM on AMX); None = the input's own dtype
+    gemm_dtype: torch.dtype | None = None
+    gemm_weight: torch.Tensor | None = None  # a cast copy when the dense weight is shared (tied LM head)
 
-    def pack(self, release_dense: bool = True) -> None:
-        """Reorder the weight into oneDNN's blocked layout (idempotent). `release_dense` frees the
-        [out, in] copy; the shape stays readable through `weight_shape`."""
+    def pack(self, release_dense: bool = True, dtype: torch.dtype | None = None) -> None:
+        """Reorder the weight (in `dtype`, default its own) into oneDNN's blocked layout (idempotent).
+        `release_dense` frees the [out, in] copy; the shape stays readable through `weight_shape`."""
         if self.packed is not None:
             return
         assert self.weight is not None
         self.weight_shape = tuple(self.weight.shape)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous())
+        self.gemm_dtype = dtype if dtype is not None and dtype != self.weight.dtype else None
+        w = self.weight.detach().contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w if self.gemm_dtype is None else w.to(dtype))
         if release_dense:
             self.weight = None
 
+    def cast(self, dtype: torch.dtype, release_dense: bool = True) -> None:
+        """Plain-torch GEMMs in `dtype` (no oneDNN): the weight converted once (in place, or as a copy
+        when another module shares it)."""
+        assert self.weight is not None
+        if self.weight.dtype == dtype:
+            return
+        self.gemm_dtype = dtype
+        if release_dense:
+            self.weight = nn.Parameter(self.weight.detach().to(dtype), requires_grad=False)
+        else:
+            self.gemm_weight = self.weight.detach().to(dtype)
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        ops = _QUANT_OPS.get()
+        mode = _LOW_BIT.get()
         qw = self.qweight
-        if ops is not None and qw is not None and x.dim() == 2 and x.shape[0] <= QUANT_MAX_ROWS:
+        if mode is not None and qw is not None and x.dim() == 2 and (mode.max_rows is None
+                                                                     or x.shape[0] <= mode.max_rows):
             out = x.new_empty(x.shape[0], qw.shape[0])
-            ops.quant_linear(x.contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, bias, out)
+            mode.ops.quant_linear(x.contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, bias, out)
             return out
+        if self.packed is None and self.weight is None:
+            raise RuntimeError("this projection keeps only its low-bit copy (its float weights were released), "
+                               "but the step did not run in a low-bit mode")
         if batch_invariant_enabled():  # deterministic inference: fixed-size row tiles
             return tiled_rows(lambda rows: self._gemm(rows, bias), x)
         return self._gemm(x, bias)
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        dt = self.gemm_dtype
+        if dt is not None and dt != x.dtype:
+            # low-precision GEMM, float32 outside it: the bias is added after widening, in float32
+            out = self._gemm(x.to(dt), None).to(x.dtype)
+            return out if bias is None else out + bias
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
-        return F.linear(x, self.weight, bias)
+        return F.linear(x, self.gemm_weight if self.gemm_weight is not None else self.weight, bias)
+
+    def release_float(self) -> None:
+        """Drop the float copy (dense and packed); the shape stays readable through `weight_shape`."""
+        if self.weight is not None:
+            self.weight_shape = tuple(self.weight.shape)
+        self.weight, self.packed, self.gemm_weight = None, None, None
 
     def weight_dims(self) -> tuple[int, int]:
         """(out, in) of this rank's weight, packed or not."""
@@ -124,24 +184,62 @@ def model_weight_bytes(model: nn.Module) -> int:
     for mod in model.modules():
         if isinstance(mod, PackableLinear) and mod.packed is not None:
             total += mod.num_weight_params() * mod.packed.element_size()
+        if isinstance(mod, PackableLinear) and mod.gemm_weight is not None:
+            total += mod.gemm_weight.numel() * mod.gemm_weight.element_size()
         if isinstance(mod, PackableLinear) and mod.qweight is not None:
             total += mod.qweight.nbytes()
     return total
 
 
-def pack_linear_weights(model: nn.Module) -> int:
-    """Pack every PackableLinear of `model` for oneDNN; returns how many were packed now.
-
-    A weight shared with another module (the LM head tied to the embedding) keeps its dense copy.
-    """
+def _weight_owners(model: nn.Module) -> dict[int, int]:
+    """How many modules hold each parameter (a tied LM head shares the embedding's)."""
     owners: dict[int, int] = {}
     for mod in model.modules():
         for p in mod.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
+    return owners
+
+
+def release_float_weights(model: nn.Module) -> int:
+    """Free the float weights of every projection that has a low-bit copy, for runners whose every
+    step runs low-bit (resolve_low_bit_max_rows gave None); a weight another module also holds (the
+    embedding of a tied LM head) stays. Returns how many were freed."""
+    owners = _weight_owners(model)
+    count = 0
+    for mod in model.modules():
+        if isinstance(mod, PackableLinear) and mod.qweight is not None and (mod.weight is not None
+                                                                             or mod.packed is not None):
+            if mod.weight is not None and owners.get(id(mod.weight), 0) > 1:
+                continue
+            mod.release_float()
+            count += 1
+    return count
+
+
+def has_float_weights(model: nn.Module) -> bool:
+    """False when some projection kept only its low-bit copy (release_float_weights)."""
+    return all(m.weight is not None or m.packed is not None for m in model.modules() if isinstance(m, PackableLinear))
+
+
+def prepare_float_weights(model: nn.Module, backend: str, dtype: torch.dtype, low_bit_only: bool = False) -> int:
+    """Ready every PackableLinear's float GEMM for `backend` in `dtype`: packed for oneDNN, or cast for
+    plain torch when `dtype` differs from the weights'. Returns how many were prepared now.
+    low_bit_only: every step runs low-bit, so projections with a low-bit copy need no float GEMM.
+
+    A weight shared with another module (the LM head tied to the embedding) keeps its dense copy."""
+    owners = _weight_owners(model)
     count = 0
     for mod in model.modules():
         if isinstance(mod, PackableLinear) and mod.packed is None and mod.weight is not None:
-            mod.pack(release_dense=owners.get(id(mod.weight), 0) <= 1)
+            if low_bit_only and mod.qweight is not None:
+                continue
+            release = owners.get(id(mod.weight), 0) <= 1
+            if backend == "onednn":
+                mod.pack(release_dense=release, dtype=dtype)
+            elif mod.weight.dtype != dtype and mod.gemm_dtype is None:
+                mod.cast(dtype, release_dense=release)
+            else:
+                continue
             count += 1
     return count
 

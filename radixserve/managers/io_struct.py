@@ -89,6 +89,7 @@ class RpcOutput:
     ok: bool = True
     data: dict[str, Any] = field(default_factory=dict)
     rpc_id: int = 0
+    dp_rank: int = 0  # the replica that answered (data parallel: every replica answers a broadcast call)
 
 
 @dataclass

@@ -261,6 +261,7 @@ class ScheduleBatch:
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs] if return_logprob else [],
             prompt_logprob_targets=targets if any(t is not None for t in targets) else [],
             vocab_mask=self.vocab_mask(),
+            num_extend_reqs=self.num_extend_reqs if self.forward_mode.is_mixed() else None,
         )
 
     def vocab_mask(self) -> torch.Tensor | None:

@@ -20,6 +20,9 @@ deterministic scheduler gives every stage those for free, and only activations a
 
 A rank exits with PEER_LOST_EXIT_CODE when a collective fails because a peer's connection closed: it is
 not the cause, and the launcher (entrypoints/node_monitor.py) names the rank that is.
+
+Data parallel (--dp-size N): N such groups, replica `dp_rank` each; all push their outputs to the one
+address the TokenizerManager binds (managers/data_parallel_controller.py routes the requests).
 """
 
 from __future__ import annotations
@@ -66,11 +69,18 @@ class ShutdownReq:
 
 
 class SchedulerProcess:
-    def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, rank: int = 0) -> None:
+    def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, rank: int = 0, dp_rank: int = 0) -> None:
+        import torch
+
         from radixserve.managers.scheduler import Scheduler
 
+        # Unseeded sampling draws from the process's torch generator, whose default seed is the same in
+        # every process: without an offset, two replicas given the samples of one n > 1 call would draw
+        # the same numbers. The ranks of a replica share it (their sampled tokens are the last stage's anyway).
+        torch.manual_seed(server_args.random_seed + dp_rank)
         self.scheduler = Scheduler(server_args, rank=rank)
         self.rank = rank
+        self.dp_rank = dp_rank
         self.ps = self.scheduler.model_runner.parallel_state
         self.ctx = zmq.Context(1)
         self.recv_sock = self.send_sock = None
@@ -95,6 +105,7 @@ class SchedulerProcess:
             "eos_token_ids": list(s.model_config.eos_token_ids),
             "weight_bytes": s.model_runner.weight_bytes,
             "rank": self.rank,
+            "dp_rank": self.dp_rank,
         }
 
     def recv_requests(self, block: bool) -> list[Any]:
@@ -120,15 +131,15 @@ class SchedulerProcess:
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid)
         elif isinstance(msg, FlushCacheReq):
-            self.send(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id))
+            self.send(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, GetServerInfoReq):
             data = s.get_server_info()
             if msg.steps_since is not None:
                 data.update(s.step_log.snapshot(s, msg.steps_since, msg.steps_rid, msg.steps_limit))
-            self.send(RpcOutput("server_info", data=data, rpc_id=msg.rpc_id))
+            self.send(RpcOutput("server_info", data=data, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, GetRadixTreeReq):
             tree = radix_tree_json(s.tree_cache, msg.max_nodes, msg.max_depth)
-            self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id))
+            self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, ShutdownReq):
             self.running = False
 
@@ -162,9 +173,11 @@ def _die_with_parent() -> None:
         pass  # elsewhere the getppid() check in the idle loop catches it
 
 
-def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: int, ready_addr: str) -> None:
+def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: int, ready_addr: str,
+                          dp_rank: int = 0) -> None:
     """Entry point of the scheduler process; reports 'ready' (or the error) on ready_addr."""
     where = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes).describe(rank)
+    where += f" of dp rank {dp_rank}" if server_args.dp_size > 1 else ""
     _die_with_parent()
     faulthandler.register(signal.SIGUSR1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
@@ -174,9 +187,10 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
     ready = zmq.Context.instance().socket(zmq.PUSH)
     ready.connect(ready_addr)
     try:
-        proc = SchedulerProcess(server_args, ports, rank)
+        proc = SchedulerProcess(server_args, ports, rank, dp_rank)
     except Exception as e:  # report any start-up failure to the parent verbatim
-        ready.send_pyobj({"status": "error", "exc_type": type(e).__name__, "error": f"{type(e).__name__}: {e}",
+        dp = f" (dp rank {dp_rank})" if server_args.dp_size > 1 else ""
+        ready.send_pyobj({"status": "error", "exc_type": type(e).__name__, "error": f"{type(e).__name__}: {e}{dp}",
                           "traceback": traceback.format_exc(), "rank": rank,
                           "peer_lost": any(p in str(e) for p in _PEER_LOST)})
         ready.close(linger=2000)

@@ -1,5 +1,5 @@
 """The scheduler's state as /get_server_info, /metrics and the web dashboard report it: one snapshot,
-built on request (never per step)."""
+built on request (never per step); with data parallel, the replicas' snapshots merged into one."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         "num_waiting_reqs": len(s.waiting_queue),
         **s.grammar_queue.info(),
         "cache_hit_rate": s.stats["cached_tokens"] / max(1, s.stats["prompt_tokens"]),
+        "cached_tokens": s.stats["cached_tokens"],
         "num_retractions": s.stats["num_retractions"],
         "num_failed_reqs": s.stats["num_failed_reqs"],
         "num_timed_out_reqs": s.stats["num_timed_out_reqs"],
@@ -40,3 +41,57 @@ def server_info(s: Scheduler) -> dict[str, Any]:
             "scheduler_process_cpu_s": time.process_time(),
         },
     }
+
+
+# Merged by a rule other than the sum (the rest of the numbers, nested ones too, add up over replicas).
+_SAME = ("context_len", "deterministic_inference")  # a property of the configuration: replica 0's
+_MAX = ("failed_forward_streak", "last_step", "scheduler_time")
+_MIN = ("oldest_step",)
+# What each replica's entry of "dp" shows (besides the router's counts, added by the caller).
+DP_KEYS = ("num_running_reqs", "num_waiting_reqs", "cache_hit_rate", "cached_tokens", "prompt_tokens",
+           "generation_tokens", "max_total_num_tokens", "num_used_tokens", "num_cached_tokens", "num_failed_reqs",
+           "num_timed_out_reqs", "num_retractions", "failed_forward_streak", "spec_accept_length")
+
+
+def _sum(values: list[Any]) -> Any:
+    if isinstance(values[0], dict):
+        return {k: _sum([v[k] for v in values if k in v]) for k in values[0]}
+    if isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
+        return sum(values)
+    return values[0]
+
+
+def merge_replica_infos(parts: list[dict[str, Any]], steps_limit: int = 64) -> dict[str, Any]:
+    """One server-wide snapshot from each replica's (each has "dp_rank" and the router's counts):
+    counters and pool sizes add up, the hit rate and the speculative accept length are recomputed from
+    the summed counts, the step records are merged in time order (each tagged with its dp_rank, the
+    newest steps_limit kept; "dp_last_step" is every replica's cursor for the next poll), and "dp"
+    lists each replica's own figures. With one replica the numbers are that replica's."""
+    out: dict[str, Any] = {}
+    for key in parts[0]:
+        values = [p[key] for p in parts if key in p]
+        if key in _SAME:
+            out[key] = values[0]
+        elif key in _MAX:
+            out[key] = max(values)
+        elif key in _MIN:
+            out[key] = min(values)
+        elif key != "steps":
+            out[key] = _sum(values)
+    out["cache_hit_rate"] = out.get("cached_tokens", 0) / max(1, out.get("prompt_tokens", 0))
+    verify_ct = out.get("spec_verify_ct", 0)
+    if verify_ct:
+        out["spec_accept_length"] = sum(p["spec_accept_length"] * p["spec_verify_ct"] for p in parts) / verify_ct
+    if "steps" in parts[0]:
+        steps = [{**rec, "dp_rank": p["dp_rank"]} for p in parts for rec in p["steps"]]
+        if len(parts) > 1:
+            steps.sort(key=lambda rec: rec["time"])
+        out["steps"] = steps[-steps_limit:] if steps_limit > 0 else []
+        out["dp_last_step"] = [p["last_step"] for p in parts]
+        out["num_steps"] = sum(p["last_step"] + 1 for p in parts)
+    out["dp"] = [{"dp_rank": p["dp_rank"], **{k: p[k] for k in DP_KEYS if k in p},
+                  **{k: p[k] for k in ("num_routed_reqs", "num_in_flight_reqs", "num_served_reqs",
+                                       "prefix_index_tokens") if k in p}} for p in parts]
+    for key in ("dp_rank", "num_routed_reqs", "num_served_reqs", "prefix_index_tokens"):
+        out.pop(key, None)  # per replica only
+    return out

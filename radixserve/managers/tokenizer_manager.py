@@ -4,6 +4,9 @@
     ReqOutput (token ids) <--ZMQ-- scheduler -> incremental detokenise -> stream or final dict
 
 It owns per-request state (ReqState) and is shared by the offline Engine and the HTTP server.
+With --dp-size N it talks to N replicas through a DataParallelController (which picks the replica of
+each request; every replica pushes its outputs to the one socket this process binds) and merges the
+replicas' answers to control calls.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from radixserve.managers.data_parallel_controller import DataParallelController
 from radixserve.managers.detokenizer import IncrementalDetokenizer
 from radixserve.managers.io_struct import (
-    AbortReq,
     BatchReqOutput,
     FlushCacheReq,
     GenerateReqInput,
@@ -30,6 +33,7 @@ from radixserve.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from radixserve.managers.request_normalizer import RequestLimits, RequestNormalizer
+from radixserve.managers.server_info import merge_replica_infos
 from radixserve.server_args import ServerArgs
 
 
@@ -80,9 +84,20 @@ class RequestError(RuntimeError):
         self.status = status
 
 
+@dataclass
+class _RpcCall:
+    """A control call broadcast to `expected` replicas: done when each has answered."""
+
+    fut: asyncio.Future
+    expected: set[int]
+    answers: dict[int, RpcOutput] = field(default_factory=dict)
+
+
 class TokenizerManager:
-    def __init__(self, tokenizer: Any, to_scheduler: str, from_scheduler: str, info: dict[str, Any],
+    def __init__(self, tokenizer: Any, to_scheduler: str | list[str], from_scheduler: str, info: dict[str, Any],
                  server_args: ServerArgs) -> None:
+        """to_scheduler: the address of each replica's rank 0 (one without data parallel); info: what the
+        schedulers reported when ready (max_total_num_tokens: the smallest replica's pool)."""
         self.tokenizer = tokenizer
         self.server_args = server_args
         self.context_len: int = info["context_len"]
@@ -90,20 +105,15 @@ class TokenizerManager:
         self.max_total_num_tokens: int = info["max_total_num_tokens"]
         self.limits = RequestLimits.build(server_args, self.context_len, self.vocab_size, self.max_total_num_tokens)
         self.normalizer = RequestNormalizer(tokenizer, self.limits)
-        # In flight = running + queued; beyond this a new request is a 429.
-        self.max_in_flight = server_args.max_running_requests + server_args.max_queued_requests
-        # NOTE: a plain (blocking-API) socket with no high-water mark for sending: a send queues
-        # at once and never awaits, so a request cannot be cancelled half-way between being
-        # registered here and reaching the scheduler (its tombstone would never be retired).
-        self.send_ctx = zmq.Context(1)
-        self.send_sock = self.send_ctx.socket(zmq.PUSH)
-        self.send_sock.setsockopt(zmq.SNDHWM, 0)
-        self.send_sock.connect(to_scheduler)
+        addresses = [to_scheduler] if isinstance(to_scheduler, str) else list(to_scheduler)
+        self.router = DataParallelController(addresses, server_args.load_balance_method, self.max_total_num_tokens)
+        # In flight = running (on every replica) + queued; beyond this a new request is a 429.
+        self.max_in_flight = server_args.max_running_requests * len(addresses) + server_args.max_queued_requests
         self.ctx = zmq.asyncio.Context(1)
         self.recv_sock = self.ctx.socket(zmq.PULL)
         self.recv_sock.bind(from_scheduler)
         self.states: dict[str, ReqState] = {}
-        self.rpc_waiters: dict[int, asyncio.Future] = {}
+        self.rpc_waiters: dict[int, _RpcCall] = {}
         self.rpc_seq = 0
         self.loop_task: asyncio.Task | None = None
         self.dead_reason: str | None = None
@@ -138,7 +148,8 @@ class TokenizerManager:
             )
 
     def send(self, msg: Any) -> None:
-        self.send_sock.send_pyobj(msg)
+        """To every replica (shutdown, control calls)."""
+        self.router.broadcast(msg)
 
     def _ensure_loop(self) -> None:
         if self.loop_task is None:
@@ -160,7 +171,7 @@ class TokenizerManager:
                                                                                           req.sampling_params))
         self.states[rid] = state
         try:
-            self.send(req)
+            self.router.send_request(req)
             while True:
                 out: ReqOutput | str = await state.queue.get()
                 if isinstance(out, str):  # the scheduler died
@@ -182,7 +193,7 @@ class TokenizerManager:
         finally:
             if not state.finished and not self.dead_reason and not self._final_is_queued(state):
                 state.abandoned = True  # the caller went away (disconnect, cancel): see ReqState
-                self.send(AbortReq(rid))
+                self.router.send_abort(rid)
             else:
                 self.states.pop(rid, None)
 
@@ -245,66 +256,91 @@ class TokenizerManager:
         rids = [r for r, st in self.states.items()
                 if not st.finished and not st.abandoned and (r == rid or st.parent_rid == rid)]
         for r in rids:
-            self.send(AbortReq(r))
+            self.router.send_abort(r)
         return rids
 
     async def abort_all(self) -> list[str]:
         rids = [r for r, st in self.states.items() if not st.finished and not st.abandoned]
         for r in rids:
-            self.send(AbortReq(r))
+            self.router.send_abort(r)
         return rids
 
     # ------------------------------------------------------------------ control
-    async def _rpc(self, make: Any, what: str) -> RpcOutput:
-        """A control call with a deadline: a scheduler busy in a long step (or wedged) yields a 503
-        after rpc_timeout instead of a hung HTTP handler."""
+    async def _rpc(self, make: Any, what: str, replicas: list[int] | None = None) -> list[RpcOutput]:
+        """A control call to every replica (or those listed), with a deadline: a scheduler busy in a long
+        step (or wedged) yields a 503 after rpc_timeout instead of a hung HTTP handler. make(rpc_id, k)
+        builds replica k's message; the answers come back in replica order."""
         self._ensure_loop()
         if self.dead_reason:
             raise SchedulerDied(self.dead_reason)
         self.rpc_seq += 1
         rpc_id = self.rpc_seq
-        fut = asyncio.get_running_loop().create_future()
-        self.rpc_waiters[rpc_id] = fut
+        targets = list(range(self.router.size)) if replicas is None else replicas
+        call = _RpcCall(asyncio.get_running_loop().create_future(), set(targets))
+        self.rpc_waiters[rpc_id] = call
         try:
-            self.send(make(rpc_id))
-            return await asyncio.wait_for(fut, self.server_args.rpc_timeout)
+            for k in targets:
+                self.router.send_to(k, make(rpc_id, k))
+            await asyncio.wait_for(call.fut, self.server_args.rpc_timeout)
+            return [call.answers[k] for k in targets]
         except asyncio.TimeoutError:
+            silent = sorted(call.expected - call.answers.keys())
+            who = "the scheduler" if self.router.size == 1 else f"the scheduler of dp rank(s) {silent}"
             raise ServerUnavailable(
-                f"{what}: the scheduler did not answer within {self.server_args.rpc_timeout:g} s"
+                f"{what}: {who} did not answer within {self.server_args.rpc_timeout:g} s"
             ) from None
         finally:
             self.rpc_waiters.pop(rpc_id, None)
 
     async def flush_cache(self) -> bool:
-        return (await self._rpc(lambda i: FlushCacheReq(rpc_id=i), "flush_cache")).ok
+        answers = await self._rpc(lambda i, k: FlushCacheReq(rpc_id=i), "flush_cache")
+        for a in answers:
+            if a.ok:
+                self.router.on_flushed(a.dp_rank)
+        return all(a.ok for a in answers)
 
-    async def get_server_info(self, steps_since: int | None = None, steps_rid: str | None = None,
+    async def get_server_info(self, steps_since: int | list[int] | None = None, steps_rid: str | None = None,
                               steps_limit: int = 64) -> dict[str, Any]:
-        """The scheduler's counters; with steps_since, also its step records after that step (StepLog)."""
-        info = (await self._rpc(lambda i: GetServerInfoReq(rpc_id=i, steps_since=steps_since, steps_rid=steps_rid,
-                                                          steps_limit=steps_limit), "get_server_info")).data
+        """Every replica's counters, merged (managers/server_info.py), with each replica's own under "dp";
+        with steps_since (one step number, or one per replica as "dp_last_step" returned them), also the
+        step records after it (StepLog)."""
+        def since(k: int) -> int | None:
+            return steps_since[k] if isinstance(steps_since, list) else steps_since
+
+        answers = await self._rpc(lambda i, k: GetServerInfoReq(rpc_id=i, steps_since=since(k), steps_rid=steps_rid,
+                                                                steps_limit=steps_limit), "get_server_info")
+        info = merge_replica_infos([{**a.data, "dp_rank": a.dp_rank, **self.router.replica_stats(a.dp_rank)}
+                                    for a in answers], steps_limit)
         # CPU seconds of this process (HTTP, tokenisation, detokenisation), next to the scheduler's split.
         info.setdefault("time_split", {})["tokenizer_process_cpu_s"] = time.process_time()
         info["num_in_flight_reqs"] = len(self.states)
         info["num_abandoned_reqs"] = sum(st.abandoned for st in self.states.values())
+        info.update(self.router.info())
         return info
 
-    async def get_radix_tree(self, max_nodes: int, max_depth: int) -> dict[str, Any]:
-        msg = await self._rpc(lambda i: GetRadixTreeReq(rpc_id=i, max_nodes=max_nodes, max_depth=max_depth),
-                              "radix_tree")
-        return msg.data
+    async def get_radix_tree(self, max_nodes: int, max_depth: int, dp_rank: int = 0) -> dict[str, Any]:
+        """Replica dp_rank's tree (each replica has its own cache)."""
+        if not 0 <= dp_rank < self.router.size:
+            raise ValueError(f"dp_rank: must be in [0, {self.router.size}), got {dp_rank}")
+        msgs = await self._rpc(lambda i, k: GetRadixTreeReq(rpc_id=i, max_nodes=max_nodes, max_depth=max_depth),
+                               "radix_tree", replicas=[dp_rank])
+        return {**msgs[0].data, "dp_rank": dp_rank}
 
     # ------------------------------------------------------------------ output
     async def handle_loop(self) -> None:
         while True:
             msg = await self.recv_sock.recv_pyobj()
             if isinstance(msg, RpcOutput):
-                fut = self.rpc_waiters.pop(msg.rpc_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
+                call = self.rpc_waiters.get(msg.rpc_id)
+                if call is not None and msg.dp_rank in call.expected:
+                    call.answers[msg.dp_rank] = msg
+                    if call.answers.keys() >= call.expected and not call.fut.done():
+                        call.fut.set_result(None)
                 continue
             assert isinstance(msg, BatchReqOutput)
             for out in msg.outputs:
+                if out.finished_reason is not None or out.error is not None:
+                    self.router.on_finished(out.rid)
                 state = self.states.get(out.rid)
                 if state is None:
                     continue
@@ -322,9 +358,9 @@ class TokenizerManager:
                 del self.states[rid]
             else:
                 state.queue.put_nowait(reason)
-        for fut in self.rpc_waiters.values():
-            if not fut.done():
-                fut.set_exception(SchedulerDied(reason))
+        for call in self.rpc_waiters.values():
+            if not call.fut.done():
+                call.fut.set_exception(SchedulerDied(reason))
 
     async def close(self) -> None:
         if self.loop_task is not None:
@@ -333,7 +369,6 @@ class TokenizerManager:
                 await self.loop_task
             except (asyncio.CancelledError, Exception):
                 pass
-        self.send_sock.close(linger=0)
+        self.router.close()
         self.recv_sock.close(linger=0)
-        self.send_ctx.term()
         self.ctx.term()

@@ -10,7 +10,8 @@ So when the runner has low-bit weights (--quantization auto / int8 / int4), the 
 cpu_paged attention backend, this object binds a `torch.classes.radixserve_cpu.DecodeStack`
 (kernels/cpu/csrc/decode_stack.cpp) to the model's weights, norms, RoPE caches and KV pool once, and
 `replay(forward_batch)` runs the whole decoder stack for a DECODE step (or a speculative TARGET_VERIFY
-step: each request's last token plus its drafts) of <= QUANT_MAX_ROWS rows in that one call: the embedding lookup and the LM head stay in Python (the LM head through the same
+step: each request's last token plus its drafts) of any size the low-bit path takes (ModelRunner.quant_max_rows)
+in that one call: the embedding lookup and the LM head stay in Python (the LM head through the same
 low-bit path as every other step). The stack computes exactly what the per-layer path computes with
 the same low-bit weights (same kernels in the same order; tests/model_executor/test_cpu_graph.py
 checks they agree bit for bit). `--disable-cpu-graph` turns it off.
@@ -26,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
-from radixserve.layers.linear import QUANT_MAX_ROWS
 
 if TYPE_CHECKING:
     from radixserve.layers.logits_processor import LogitsProcessorOutput
@@ -42,7 +42,7 @@ class CpuGraphRunner:
     def __init__(self, runner: ModelRunner, stack: Any) -> None:
         self.model = runner.model
         self.stack = stack
-        self.max_rows = QUANT_MAX_ROWS
+        self.max_rows = runner.quant_max_rows  # None: any number of rows
         self.replays = 0
 
     @classmethod
@@ -53,8 +53,8 @@ class CpuGraphRunner:
                 logger.info("cpu graph: off (%s); decode runs layer by layer", why)
             return None
         stack = cls._build_stack(runner)
-        logger.info("cpu graph: DECODE steps of <= %d rows run the whole decoder stack in one native call",
-                    QUANT_MAX_ROWS)
+        logger.info("cpu graph: DECODE steps of <= %s rows run the whole decoder stack in one native call",
+                    runner.quant_max_rows or "any number of")
         return cls(runner, stack)
 
     @staticmethod
@@ -112,8 +112,9 @@ class CpuGraphRunner:
         """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows."""
         md = fb.attn_metadata
         mode = fb.forward_mode
-        return ((mode.is_decode() or mode.is_target_verify()) and 1 <= fb.input_ids.shape[0] <= self.max_rows
-                and md is not None and md.batched is not None and md.batched.all_rows)
+        rows = fb.input_ids.shape[0]
+        return ((mode.is_decode() or mode.is_target_verify()) and rows >= 1
+                and (self.max_rows is None or rows <= self.max_rows) and md is not None and md.batched is not None and md.batched.all_rows)
 
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         b = fb.attn_metadata.batched

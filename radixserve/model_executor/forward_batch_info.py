@@ -100,6 +100,10 @@ class ModelWorkerBatch:
     prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (see speculative/ngram.py)
+    # MIXED: the first this many requests are prefill chunks, the rest decodes (a 1-token chunk after a
+    # prefix is still prefill: its attention must run the kernel its prompt's other tokens ran). None =
+    # by shape: a request with one new token after a prefix is a decode
+    num_extend_reqs: int | None = None
     # Constrained decoding: xgrammar's bitmask int32 [rows, ceil(vocab / 32)] of the allowed next tokens,
     # one row per sampled position (a request; TARGET_VERIFY: each verified position), filled by the
     # scheduler from each request's grammar; None when no request is constrained.
@@ -140,6 +144,7 @@ class ForwardBatch:
     prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     spec_info: Any = None
+    num_extend_reqs: int | None = None  # MIXED: see ModelWorkerBatch
     attn_backend: Any = None
     # The one documented late addition: the attention backend's per-step metadata, derived
     # once in init_forward_metadata() and shared by every layer.
@@ -212,6 +217,7 @@ class ForwardBatch:
             prompt_logprob_targets=list(batch.prompt_logprob_targets) or [None] * bs,
             capture_hidden_mode=batch.capture_hidden_mode,
             spec_info=batch.spec_info,
+            num_extend_reqs=batch.num_extend_reqs,
             attn_backend=model_runner.attn_backend,
         )
         model_runner.attn_backend.init_forward_metadata(fb)

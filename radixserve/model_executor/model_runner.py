@@ -31,16 +31,20 @@ from radixserve.distributed.parallel_state import ParallelState, init_parallel_s
 from radixserve.distributed.rank_layout import RankLayout, check_model_fits
 from radixserve.layers.attention.base_attn_backend import AttentionBackend
 from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAttnBackend
-from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops
+from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops, native_bf16_matmul
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
 from radixserve.layers.linear import (
     PackableLinear,
+    has_float_weights,
+    onednn_linear_available,
     model_weight_bytes,
-    pack_linear_weights,
+    prepare_float_weights,
     quant_rows_mode,
+    release_float_weights,
     resolve_linear_backend,
+    resolve_low_bit_max_rows,
 )
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
@@ -58,6 +62,19 @@ from radixserve.speculative.spec_info import SpeculativeAlgorithm
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str, device: torch.device, deterministic: bool = False) -> torch.dtype:
+    """--dtype -> a torch dtype. `auto`: on a CPU, bfloat16 where it has native bf16 matmul (AMX-BF16 or
+    AVX512-BF16, read at run time from what this CPU reports; oneDNN must agree), float32 elsewhere and
+    under --enable-deterministic-inference; on CUDA, bfloat16 where supported, else float16."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if not deterministic and native_bf16_matmul() and onednn_linear_available(torch.bfloat16):
+        return torch.bfloat16
+    return torch.float32
 
 
 @dataclass
@@ -88,16 +105,24 @@ class ModelRunner:
         layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
         cuda = f"cuda:{layout.local_rank(rank)}"
         self.device = torch.device(server_args.device if server_args.device != "cuda" else cuda)
-        self.dtype = DTYPES[server_args.dtype]
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # before NCCL joins: its communicators bind the current device
+        self.deterministic = server_args.enable_deterministic_inference
+        # dtype: the GEMMs' dtype (--dtype, `auto` resolved for this device); act_dtype: everything
+        # else's. On a CPU activations, norms, attention math and sampling stay float32 (the C++
+        # kernels' precision) and a bf16 dtype means bf16 weights and GEMMs (AMX); on CUDA both are dtype.
+        self.dtype = resolve_dtype(server_args.dtype, self.device, self.deterministic)
+        self.act_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        # the KV pool's storage dtype; attention widens it to the activation dtype as it reads
+        self.kv_cache_dtype = self.dtype if server_args.kv_cache_dtype == "auto" else DTYPES[server_args.kv_cache_dtype]
         self.tp_rank, self.tp_size = layout.tp_rank(rank), server_args.tp_size
         self.pp_rank, self.pp_size = layout.pp_rank(rank), server_args.pp_size
+        local_procs = layout.ranks_per_node * server_args.dp_size  # scheduler processes on this machine
         if self.device.type == "cpu" and server_args.num_threads:
             torch.set_num_threads(server_args.num_threads)
-        elif self.device.type == "cpu" and layout.ranks_per_node > 1:
-            # the machine's cores split across its ranks: a rank never oversubscribes them
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.ranks_per_node))
+        elif self.device.type == "cpu" and local_procs > 1:
+            # the machine's cores split across its ranks, of every replica: a rank never oversubscribes them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_procs))
         self.model_path = server_args.resolved_model_path()
         self.model_config = get_model_config(self.model_path, server_args.context_length)
         check_model_fits(self.model_config, self.tp_size, self.pp_size)  # the launcher checked before starting us
@@ -107,8 +132,9 @@ class ModelRunner:
         )
         self.stage_layers = self.parallel_state.stage_layers(self.model_config.num_hidden_layers)
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
-        self.deterministic = server_args.enable_deterministic_inference
         self.quantization = self._resolve_quantization()
+        # steps of at most this many rows run the low-bit copy (None = every step; layers/linear.py)
+        self.quant_max_rows = resolve_low_bit_max_rows(server_args.quant_max_rows, self.dtype)
         self._load_model(model)
         self._init_memory_pool()
         self.attn_backend = self._make_attn_backend()
@@ -118,9 +144,7 @@ class ModelRunner:
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.pipeline = None
         if self.pp_size > 1:
-            from radixserve.model_executor.pipeline_stage import (
-                PipelineStage,  # it imports this module's results
-            )
+            from radixserve.model_executor.pipeline_stage import PipelineStage  # it imports this module's results
 
             self.pipeline = PipelineStage(self)
 
@@ -132,7 +156,7 @@ class ModelRunner:
         mode = self.server_args.quantization
         if mode != "auto":
             return mode
-        if self.device.type != "cpu" or self.dtype != torch.float32 or self.deterministic:
+        if self.device.type != "cpu" or self.deterministic:
             return "none"
         if self.server_args.ranks_per_replica > 1:
             return "none"
@@ -156,22 +180,30 @@ class ModelRunner:
                 raise ValueError(f"quantization {self.quantization}: a shared model must have been loaded with it")
             if not has_q:
                 self.quantization = "none"
-            if self.linear_backend == "onednn":
-                pack_linear_weights(model)  # idempotent: a shared model is packed once
+            if not has_float_weights(model) and (self.quantization == "none" or self.quant_max_rows is not None):
+                raise ValueError("a shared model that kept only its low-bit weights needs a runner that runs every "
+                                 "step low-bit (same quantization, quant_max_rows unset)")
+            if has_float_weights(model):  # idempotent: a shared model is prepared once
+                prepare_float_weights(model, self.linear_backend, self.dtype, self._low_bit_only())
             self.weight_bytes = model_weight_bytes(model)
             return
         cls = get_model_class(self.model_config.architecture)
-        self.model = cls(self.model_config, self.parallel_state).to(dtype=self.dtype)
+        self.model = cls(self.model_config, self.parallel_state).to(dtype=self.act_dtype)
         # a pipeline stage reads only its tensors (a full pass is what fills the GGUF cache, so pp 1 takes all)
         keep = self.model.holds_checkpoint_tensor if self.pp_size > 1 else None
         self.model.load_weights(iterate_weights(self.model_path, keep))
         self.model.to(self.device).eval()
         if self.quantization != "none":
             self._quantize_model()  # from the dense weights, before packing frees them
-        if self.linear_backend == "onednn":
-            pack_linear_weights(self.model)
+        if self._low_bit_only():
+            # every step runs low-bit: the float copies of the quantised projections are never read
+            release_float_weights(self.model)
+        prepare_float_weights(self.model, self.linear_backend, self.dtype, self._low_bit_only())
         self.weight_bytes = model_weight_bytes(self.model)
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
+
+    def _low_bit_only(self) -> bool:
+        return self.quantization != "none" and self.quant_max_rows is None
 
     def _quantize_model(self) -> None:
         blocks = None
@@ -202,7 +234,7 @@ class ModelRunner:
 
     def _make_attn_backend(self) -> AttentionBackend:
         choice = self.server_args.attention_backend
-        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
+        cpu_fp32 = self.device.type == "cpu" and self.act_dtype == torch.float32
         if self.deterministic:
             return self._make_deterministic_backend(cpu_fp32)
         if choice == "torch_native" or (choice == "auto" and not cpu_fp32):
@@ -217,7 +249,7 @@ class ModelRunner:
             return TorchNativeAttnBackend(self.device)
         # the same library carries the layers' glue (fused add + RMSNorm, RoPE, SiLU-and-mul)
         enable_cpu_kernels(self.model, ops)
-        return CpuPagedAttnBackend(self.device, ops.paged_attention)
+        return CpuPagedAttnBackend(self.device, ops.paged_attention, ops.extend_attention)
 
     def _make_deterministic_backend(self, cpu_fp32: bool) -> AttentionBackend:
         """--enable-deterministic-inference: the C++ kernels or nothing. Falling back to the PyTorch
@@ -249,7 +281,7 @@ class ModelRunner:
         cfg = self.model_config
         # this stage's layers and this rank's KV heads only: a pipeline stage's pool fits more tokens
         per_token = KVPool.bytes_per_token(
-            len(self.stage_layers), max(1, cfg.num_key_value_heads // self.tp_size), cfg.head_dim, self.dtype
+            len(self.stage_layers), max(1, cfg.num_key_value_heads // self.tp_size), cfg.head_dim, self.kv_cache_dtype
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -278,7 +310,7 @@ class ModelRunner:
             len(self.stage_layers),
             max(1, cfg.num_key_value_heads // self.tp_size),
             cfg.head_dim,
-            self.dtype,
+            self.kv_cache_dtype,
             self.device,
             start_layer=self.stage_layers.start,
         )
@@ -292,7 +324,7 @@ class ModelRunner:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
-        with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops):
+        with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops, self.quant_max_rows):
             if self.cpu_graph_runner is not None and self.cpu_graph_runner.can_run(forward_batch):
                 return self.cpu_graph_runner.replay(forward_batch)
             return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch, pp_proxy)

@@ -124,7 +124,7 @@ class PipelineStage:
     def _send(self, out: PPProxyTensors | None, error: str | None, num_tokens: int) -> None:
         """One message per step: [hidden | residual | status] flat; the error text follows on failure."""
         n = num_tokens * self.hidden_size
-        buf = torch.zeros(2 * n + 1, dtype=self.runner.dtype, device=self.runner.device)
+        buf = torch.zeros(2 * n + 1, dtype=self.runner.act_dtype, device=self.runner.device)
         if error is None:
             buf[:n].view(num_tokens, self.hidden_size).copy_(out.hidden_states)
             buf[n : 2 * n].view(num_tokens, self.hidden_size).copy_(out.residual)
@@ -139,7 +139,7 @@ class PipelineStage:
 
     def _recv(self, num_tokens: int) -> tuple[PPProxyTensors | None, str | None]:
         n = num_tokens * self.hidden_size
-        buf = torch.empty(2 * n + 1, dtype=self.runner.dtype, device=self.runner.device)
+        buf = torch.empty(2 * n + 1, dtype=self.runner.act_dtype, device=self.runner.device)
         self.ps.recv_from_prev(buf)
         if buf[-1].item() != 0:
             text = self.ps.recv_from_prev(torch.empty(ERROR_TEXT_BYTES, dtype=torch.uint8, device=self.runner.device))

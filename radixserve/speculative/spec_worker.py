@@ -30,7 +30,6 @@ import time
 from typing import TYPE_CHECKING
 
 from radixserve.constrained.grammar_queue import GrammarQueue
-from radixserve.layers.linear import QUANT_MAX_ROWS
 from radixserve.managers.schedule_batch import OutOfKVSlots
 from radixserve.speculative.ngram import NgramIndex
 
@@ -55,7 +54,7 @@ def spec_eligible(req: Req) -> bool:
 class NgramWorker:
     def __init__(self, args: ServerArgs, context_len: int, row_cap: int | None = None) -> None:
         """row_cap: with low-bit weights, steps of <= row_cap rows run the low-bit path and longer ones
-        float32 (layers/linear.py: QUANT_MAX_ROWS). A batch that decodes on the low-bit path verifies
+        float32 or bf16 (ModelRunner.quant_max_rows; None = every step runs low-bit). A batch that decodes on the low-bit path verifies
         on it too (drafts are cut so that requests x (1 + drafts) <= row_cap), so speculation never
         moves a request to other kernels than plain decoding would use: its tokens stay identical."""
         self.row_cap = row_cap
@@ -72,7 +71,7 @@ class NgramWorker:
         if not runner.spec_algorithm.is_ngram():
             return None
         return NgramWorker(args, runner.model_config.context_len,
-                           QUANT_MAX_ROWS if runner.quant_ops is not None else None)
+                           runner.quant_max_rows if runner.quant_ops is not None else None)
 
     @staticmethod
     def info(worker: NgramWorker | None) -> dict[str, float]:

@@ -23,6 +23,18 @@ def test_peer_refuses_a_missing_or_failing_binary(tmp_path) -> None:
         peer.main(["--llama-bench", str(fake), "--formats", "fp3"])
 
 
+def test_llama_server_peers_refuse_a_missing_binary(tmp_path) -> None:
+    """serving-peer and accuracy --llama-server check the binary before starting or loading anything."""
+    from radixserve.bench import serving_peer
+
+    with pytest.raises(SystemExit, match="not an executable"):
+        serving_peer.main(["--llama-server", str(tmp_path / "nope"), "--", "--num-requests", "2"])
+    with pytest.raises(SystemExit, match="starts both servers"):
+        serving_peer.main(["--llama-server", str(tmp_path), "--", "--base-url", "http://x"])
+    with pytest.raises(SystemExit, match="not an executable"):
+        accuracy.main(["--llama-server", str(tmp_path), "--num-prompts", "1"])
+
+
 def test_peer_parses_llama_bench_json(tmp_path) -> None:
     fake = tmp_path / "llama-bench"
     fake.write_text('#!/bin/sh\necho \'[{"n_prompt": 512, "n_gen": 0, "avg_ts": 200.5, "build_commit": "abc"},'

@@ -127,12 +127,12 @@ def test_a_dead_or_hung_rank_stops_the_engine_naming_it(tiny_models, default_mod
         ranks = [p for p in descendants(psutil.Process().pid) if "scheduler_process" in " ".join(p.cmdline())]
         assert len(ranks) == 2
         assert eng.generate(input_ids=PROMPTS["b"], sampling_params=GREEDY)["output_ids"]
-        victim = next(p for p in ranks if p.pid != eng.handle.process.pid)  # rank 1
+        victim = next(p for p in ranks if p.pid != eng.handle.handles[0].process.pid)  # rank 1
         os.kill(victim.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
-        wait_until(lambda: eng.handle.failure() is not None, 30, "the failure is seen")
+        wait_until(lambda: eng.handle.handles[0].failure() is not None, 30, "the failure is seen")
         named = ("rank 1 (pp stage 1) was killed by SIGKILL" if how == "kill" else "rank 0 (pp stage 0) timed out "
                  "in a collective after --dist-timeout (a peer rank is hung or unreachable)")
-        assert eng.handle.failure() == named
+        assert eng.handle.handles[0].failure() == named
         with pytest.raises(Exception, match="scheduler process died"):
             eng.generate(input_ids=PROMPTS["b"], sampling_params=GREEDY)
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 import radixserve
 
@@ -39,21 +38,9 @@ def test_default_model_at_tp3_matches_one_process(make_scheduler, tokenizer) -> 
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a)
 
 
-def _tiny(tmp_path, heads: int, kv_heads: int) -> str:
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                   max_position_embeddings=256)
-    path = tmp_path / f"tiny-{heads}-{kv_heads}"
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
 @pytest.mark.parametrize("tp,heads,kv_heads", [(2, 4, 2), (4, 8, 2)])
-def test_tiny_models_split_or_replicate_kv_heads(tmp_path, default_model_path, tp, heads, kv_heads) -> None:
-    path = _tiny(tmp_path, heads, kv_heads)  # SmolLM2's vocabulary, its tokenizer
+def test_tiny_models_split_or_replicate_kv_heads(tiny_models, default_model_path, tp, heads, kv_heads) -> None:
+    path = tiny_models(heads, kv_heads)  # SmolLM2's vocabulary, its tokenizer
     ids = [[5, 17, 99, 3, 42], [7, 7, 7]]
     outs = {}
     for size in (1, tp):

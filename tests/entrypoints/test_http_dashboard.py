@@ -66,7 +66,7 @@ def test_the_page_is_open_and_self_contained(server) -> None:
 
 def test_without_a_key_the_page_asks_for_none() -> None:
     config = json.loads(re.search(r'id="rs-config">(.*?)</script>', _index_page(False)).group(1))
-    assert config == {"api_key_required": False, "version": config["version"]}
+    assert config == {"api_key_required": False, "version": config["version"], "dp_size": 1}
 
 
 def test_the_open_prefix_does_not_open_other_routes(server) -> None:

@@ -24,7 +24,7 @@ def _scrape(server) -> dict[str, float]:
 def test_metrics_follow_requests(server, http) -> None:
     before = _scrape(server)
     for key in ("num_running_reqs", "num_waiting_reqs", "token_usage", "cache_hit_rate", "num_used_tokens"):
-        assert f"{PREFIX}{key}{{}}" in before, key
+        assert f"{PREFIX}{key}{{dp_rank=0}}" in before, key  # scheduler-side gauges: one series per replica
     usages, reasons = [], []
     for max_tokens in (3, 5):
         r = http.post(
@@ -59,6 +59,6 @@ def test_metrics_follow_requests(server, http) -> None:
         assert delta(f"{hist}_bucket{{le=+Inf}}") == 3
         assert delta(f"{hist}_sum{{}}") > 0
     assert delta("time_per_output_token_seconds_count{}") == sum(u["completion_tokens"] > 1 for u in usages)
-    assert after[PREFIX + "num_running_reqs{}"] == 0
-    assert after[PREFIX + "max_total_num_tokens{}"] > 0
-    assert 0 <= after[PREFIX + "cache_hit_rate{}"] <= 1
+    assert after[PREFIX + "num_running_reqs{dp_rank=0}"] == 0
+    assert after[PREFIX + "max_total_num_tokens{dp_rank=0}"] > 0
+    assert 0 <= after[PREFIX + "cache_hit_rate{dp_rank=0}"] <= 1

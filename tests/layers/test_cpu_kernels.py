@@ -68,6 +68,67 @@ def test_kernel_matches_sdpa(seed, nb, L, heads, D, max_len):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), nb=st.integers(1, 5), L=st.sampled_from([1, 3]), D=st.sampled_from([64, 24]),
+       max_len=st.integers(4, 200))
+def test_bf16_kv_is_the_float_kernel_on_the_widened_pool(seed, nb, L, D, max_len):
+    """--kv-cache-dtype bfloat16: the kernels widen each K/V element on load, which is exact, so the
+    result is bit for bit the float32 kernel's on the bf16-rounded pool (both kernels: fixed-L and varlen)."""
+    q, k_pool, v_pool, kv_idx, seq_lens = make_case(seed, nb, L, 9, 3, D, max(max_len, L))
+    kb, vb = k_pool.bfloat16(), v_pool.bfloat16()
+    got, want = torch.empty_like(q), torch.empty_like(q)
+    kernel(q, kb, vb, kv_idx, seq_lens, L, D**-0.5, got)
+    kernel(q, kb.float(), vb.float(), kv_idx, seq_lens, L, D**-0.5, want)
+    assert torch.equal(got, want)
+    starts, lens = torch.arange(nb) * L, torch.full((nb,), L)
+    got, want = torch.zeros_like(q), torch.zeros_like(q)
+    ops.paged_attention_varlen(q, kb, vb, kv_idx, seq_lens, starts, lens, D**-0.5, got)
+    ops.paged_attention_varlen(q, kb.float(), vb.float(), kv_idx, seq_lens, starts, lens, D**-0.5, want)
+    assert torch.equal(got, want)
+
+
+def varlen_reference(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, scale):
+    """SDPA per request over its gathered history, query i at position seq_len - q_len + i."""
+    out = torch.zeros_like(q)
+    for b in range(kv_idx.shape[0]):
+        s, n, st = int(seq_lens[b]), int(q_lens[b]), int(q_start[b])
+        if n == 0:
+            continue
+        kb = k_pool[kv_idx[b, :s]].float().transpose(0, 1).unsqueeze(0)
+        vb = v_pool[kv_idx[b, :s]].float().transpose(0, 1).unsqueeze(0)
+        mask = torch.arange(s).unsqueeze(0) <= (s - n + torch.arange(n)).unsqueeze(1)
+        qb = q[st : st + n].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[st : st + n] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), lens=st.lists(st.tuples(st.integers(0, 150), st.integers(1, 130)), min_size=1,
+                                                    max_size=4),
+       heads=st.sampled_from([(9, 3), (4, 4), (8, 2)]), D=st.sampled_from([64, 16, 24]),
+       bf16=st.booleans())
+def test_extend_attention_matches_sdpa(seed, lens, heads, D, bf16):
+    """The flash kernel for long query blocks: (prefix, new) lengths per request, scattered slots, GQA,
+    head dims off the vector tile, KV in float32 or bf16."""
+    H, Hkv = heads
+    g = torch.Generator().manual_seed(seed)
+    nb, max_len = len(lens), max(p + n for p, n in lens)
+    S = nb * max_len + 9
+    k_pool, v_pool = torch.randn(S, Hkv, D, generator=g), torch.randn(S, Hkv, D, generator=g)
+    if bf16:
+        k_pool, v_pool = k_pool.bfloat16(), v_pool.bfloat16()
+    kv_idx = torch.randperm(S, generator=g)[: nb * max_len].view(nb, max_len).contiguous()
+    q_lens = torch.tensor([n for _, n in lens])
+    seq_lens = torch.tensor([p + n for p, n in lens])
+    q_start = torch.cumsum(q_lens, 0) - q_lens
+    q = torch.randn(int(q_lens.sum()), H, D, generator=g) * 2
+    out = torch.empty_like(q)
+    ops.extend_attention(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, D**-0.5, out)
+    ref = varlen_reference(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, D**-0.5)
+    torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
+
+
 def test_rows_beyond_seq_len_are_never_read():
     """Slot-table entries past a request's seq_len may be garbage (freed slots): they must not matter."""
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(3, 4, 1, 9, 3, 64, 40)
@@ -114,6 +175,10 @@ def test_wrong_dtype_and_shape_raise():
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(8, 2, 1, 9, 3, 64, 16)
     with pytest.raises(RuntimeError, match="float32"):
         kernel(q.double(), k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, torch.empty_like(q).double())
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        kernel(q, k_pool.bfloat16(), v_pool, kv_idx, seq_lens, 1, 0.125, torch.empty_like(q))
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        kernel(q, k_pool.half(), v_pool.half(), kv_idx, seq_lens, 1, 0.125, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="int64"):
         kernel(q, k_pool, v_pool, kv_idx.int(), seq_lens, 1, 0.125, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="nb \\* L"):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.kernels.cpu import load_cpu_ops
-from radixserve.layers.linear import QUANT_MAX_ROWS, PackableLinear, quant_rows_mode
+from radixserve.layers.linear import PackableLinear, quant_rows_mode
 from radixserve.layers.quantization.qweight import QBLOCK, QKIND_Q4_1, QKIND_Q8_0, QuantRows, QuantWeight
 
 ops, why = load_cpu_ops()
@@ -30,7 +30,7 @@ def _act_reference(x: torch.Tensor) -> torch.Tensor:
 @needs_kernels
 @settings(max_examples=40, deadline=None)
 @given(kind=st.sampled_from([QKIND_Q8_0, QKIND_Q4_1]), n=st.integers(1, 70), blocks=st.integers(1, 12),
-       m=st.integers(1, 5), bias=st.booleans(), seed=st.integers(0, 1000))
+       m=st.sampled_from([1, 2, 3, 4, 5, 7, 8, 13, 64, 70]), bias=st.booleans(), seed=st.integers(0, 1000))
 def test_kernel_matches_the_dequantised_reference(kind, n, blocks, m, bias, seed) -> None:
     k = blocks * QBLOCK
     g = torch.Generator().manual_seed(seed)
@@ -84,6 +84,22 @@ def test_bad_shapes_are_refused_naming_the_layer() -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("kind", [QKIND_Q8_0, QKIND_Q4_1])
+def test_a_rows_result_does_not_depend_on_the_other_rows(kind) -> None:
+    """Rows go 4 at a time against each weight block, each with its own accumulators: a row's output is
+    bit for bit the same alone, in a tile remainder, or in a batch of 70 (batch invariance of `auto`)."""
+    g = torch.Generator().manual_seed(kind)
+    qw = QuantWeight.quantize(torch.randn(100, 192, generator=g), kind)
+    x = torch.randn(70, 192, generator=g)
+    full = torch.empty(70, 100)
+    ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, full)
+    for lo, hi in [(0, 1), (5, 6), (3, 6), (61, 70), (64, 65)]:
+        part = torch.empty(hi - lo, 100)
+        ops.quant_linear(x[lo:hi].contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, None, part)
+        assert torch.equal(part, full[lo:hi]), (lo, hi)
+
+
+@needs_kernels
 def test_kernel_refuses_mismatched_tensors() -> None:
     qw = QuantWeight.quantize(torch.randn(16, 64), QKIND_Q4_1)
     with pytest.raises(RuntimeError, match="elements"):  # data of a 16 x 64 matrix used as 16 x 96
@@ -95,16 +111,19 @@ def test_kernel_refuses_mismatched_tensors() -> None:
 
 
 @needs_kernels
-def test_only_few_row_steps_take_the_low_bit_path() -> None:
+def test_steps_up_to_the_cap_take_the_low_bit_path() -> None:
     lin = PackableLinear()
     w = torch.randn(64, 128)
     lin.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
     lin.qweight = QuantWeight.quantize(w, QKIND_Q4_1)
-    few, many = torch.randn(QUANT_MAX_ROWS, 128), torch.randn(QUANT_MAX_ROWS + 1, 128)
+    cap = 4
+    few, many = torch.randn(cap, 128), torch.randn(cap + 1, 128)
     exact_few, exact_many = lin.matmul(few), lin.matmul(many)  # no mode: float32
     torch.testing.assert_close(exact_few, few @ w.T)
-    with quant_rows_mode(ops):
+    with quant_rows_mode(ops, cap):
         q_few, q_many = lin.matmul(few), lin.matmul(many)
+    with quant_rows_mode(ops, None):  # no cap: every step
+        assert not torch.equal(lin.matmul(many), exact_many)
     assert not torch.equal(q_few, exact_few)  # the low-bit kernel ran
     assert ((q_few - exact_few).norm() / exact_few.norm()).item() < 0.15  # 4-bit weights: close, not equal
     assert torch.equal(q_many, exact_many)  # more rows stay on the float32 path

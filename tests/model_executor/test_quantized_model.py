@@ -48,14 +48,19 @@ def test_auto_keeps_the_files_own_blocks(fast_runner, model_runner) -> None:
     assert torch.equal(qkv, torch.cat([want[p + "q_proj.weight"], want[p + "k_proj.weight"], want[p + "v_proj.weight"]]))
 
 
-def test_decode_stack_equals_the_layer_by_layer_path(fast_runner) -> None:
+@pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16"])
+def test_decode_stack_equals_the_layer_by_layer_path(fast_runner, kv_dtype) -> None:
+    """Also with a bf16 KV cache: the stack's own KV writes round as torch's do (bf16.h)."""
     from radixserve.model_executor.model_runner import ModelRunner
 
-    layered = ModelRunner(fast_runner.server_args.replace(disable_cpu_graph=True), model=fast_runner.model)
-    assert fast_runner.cpu_graph_runner is not None and layered.cpu_graph_runner is None
-    before = fast_runner.cpu_graph_runner.replays
+    stacked = fast_runner if kv_dtype == "auto" else ModelRunner(
+        fast_runner.server_args.replace(kv_cache_dtype=kv_dtype), model=fast_runner.model)
+    layered = ModelRunner(stacked.server_args.replace(disable_cpu_graph=True), model=fast_runner.model)
+    assert stacked.cpu_graph_runner is not None and layered.cpu_graph_runner is None
+    assert layered.token_to_kv_pool.k_buffer[0].dtype == stacked.token_to_kv_pool.k_buffer[0].dtype
+    before = stacked.cpu_graph_runner.replays
     logits = []
-    for runner in (fast_runner, layered):
+    for runner in (stacked, layered):
         hb = HandBatch(runner)
         rows = [hb.new_req() for _ in range(3)]
         for i, row in enumerate(rows):
@@ -66,7 +71,7 @@ def test_decode_stack_equals_the_layer_by_layer_path(fast_runner) -> None:
             got.append(res.logits_output.next_token_logits.clone())
         logits.append(got)
         hb.release_all()
-    assert fast_runner.cpu_graph_runner.replays == before + 4
+    assert stacked.cpu_graph_runner.replays == before + 4
     for a, b in zip(*logits):
         assert torch.equal(a, b)
 
@@ -118,3 +123,36 @@ def test_shapes_the_kernel_cannot_take_are_refused(tmp_path) -> None:
     for mode in ("int8", "int4"):
         with pytest.raises(ValueError, match=r"layer model\.layers\.0\.\S+ has in_features 48"):
             ModelRunner(ServerArgs(model_path=str(tmp_path), quantization=mode, max_total_tokens=512))
+
+
+def test_auto_is_batch_invariant_bit_for_bit(fast_runner, tokenizer) -> None:
+    """In `auto` every step runs the low-bit kernels, whose rows never meet (quant_linear.cpp), and the
+    attention kernels work per request and per row: a request gets bit-identical tokens and logprobs
+    alone, or batched with others, chunked, over a radix-cached prefix, in MIXED steps."""
+    from radixserve.managers.scheduler import Scheduler
+    from radixserve.model_executor.model_runner import ModelRunner
+    from tests.managers.driver import run
+
+    assert fast_runner.quant_max_rows is None  # this machine's float path is float32: every step low-bit
+
+    def sched(**kw):
+        args = fast_runner.server_args.replace(check_invariants=True, **kw)
+        return Scheduler(args, model_runner=ModelRunner(args, model=fast_runner.model))
+
+    shared = tokenizer.encode("Once upon a time, in a small village by the sea, there lived", add_special_tokens=False)
+    texts = ["The capital of France is", "List five fruits:", "A radix tree is a data structure that",
+             "Write a haiku about the winter sea.", "def fibonacci(n):"]
+    prompts = {f"p{i}": tokenizer.encode(t, add_special_tokens=False) for i, t in enumerate(texts)}
+    prompts.update({f"s{i}": shared + tokenizer.encode(f" a {w}", add_special_tokens=False)
+                    for i, w in enumerate(["fisherman", "baker", "cat"])})
+    prompts["long"] = tokenizer.encode(" ".join(["the quick brown fox jumps over the lazy dog"] * 20),
+                                       add_special_tokens=False)
+    alone_sched = sched(disable_radix_cache=True)
+    alone = {}
+    for rid, ids in prompts.items():
+        alone.update(run(alone_sched, {rid: ids}, greedy(12)))
+    for config in (dict(chunked_prefill_size=64, enable_mixed_chunk=True), dict(page_size=16, chunked_prefill_size=32)):
+        together = run(sched(**config), prompts, greedy(12), arrive={rid: i % 3 for i, rid in enumerate(prompts)})
+        for rid in prompts:
+            assert together[rid].output_ids == alone[rid].output_ids, (config, rid)
+            assert together[rid].top2 == alone[rid].top2, (config, rid)  # the logprobs, bit for bit

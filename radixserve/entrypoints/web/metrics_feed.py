@@ -6,6 +6,10 @@
                                     | every POLL_INTERVAL_S, only while >= 1 stream is open
                     tm.get_server_info(steps_since=last seen step)   (GetServerInfoReq -> the scheduler)
 
+With --dp-size N the snapshot is the replicas' merged one: the cursor is one last-seen step per replica
+("dp_last_step"), the step records come in time order tagged with their dp_rank, and "dp" in
+server_info lists each replica's own counters.
+
 The snapshot is get_server_info() -- the counters /get_server_info and /metrics report -- plus the
 StepLog records the scheduler made since the previous poll (the --trace-batches record). So the
 scheduler answers at most 1 / POLL_INTERVAL_S calls a second however many dashboards are open, and
@@ -34,7 +38,7 @@ RATE_WINDOW_S = 1.0  # tokens/s are averaged over the last second: a one-step pr
 _INFO_KEYS = ("num_running_reqs", "num_waiting_reqs", "num_retractions", "num_retracted_waiting_reqs",
               "num_in_flight_reqs", "num_failed_reqs", "num_timed_out_reqs", "max_total_num_tokens",
               "num_used_tokens", "num_cached_tokens", "num_evictable_tokens", "cache_hit_rate",
-              "prompt_tokens", "generation_tokens", "num_prefill_tokens", "spec_accept_length")
+              "prompt_tokens", "generation_tokens", "num_prefill_tokens", "spec_accept_length", "dp")
 
 
 class MetricsFeed:
@@ -46,8 +50,10 @@ class MetricsFeed:
         self.num_polls = 0  # scheduler calls made since start (the shared-rate test reads it)
         self.seq = 0  # snapshot number; 0 = none yet
         self._steps: deque[tuple[int, str]] = deque(maxlen=STEP_HISTORY)  # (step, its JSON text)
-        self._last_step = -1
-        # (time, generation tokens, prefill tokens, last step) of the polls in the last RATE_WINDOW_S
+        self._last_step = -1  # the newest step number any replica reported
+        self._since: int | list[int] = -1  # the cursor: the last step seen of each replica
+        self._num_steps = 0  # steps run by all replicas together (steps/s)
+        # (time, generation tokens, prefill tokens, steps run) of the polls in the last RATE_WINDOW_S
         self._samples: deque[tuple[float, int, int, int]] = deque()
         self._head = "{}"  # the latest snapshot without its steps, as JSON text
         self._rendered: dict[int, str] = {}  # n_steps -> SSE event text, for the current seq
@@ -100,7 +106,7 @@ class MetricsFeed:
         error: str | None = None
         info: dict[str, Any] = {}
         try:
-            info = await self._server_info(steps_since=self._last_step, steps_limit=STEPS_PER_POLL)
+            info = await self._server_info(steps_since=self._since, steps_limit=STEPS_PER_POLL)
         except Exception as e:  # noqa: BLE001  # a busy or dead scheduler: the dashboards show why
             error = f"{type(e).__name__}: {e}"
         self.num_polls += 1
@@ -119,6 +125,8 @@ class MetricsFeed:
         for rec in steps:
             self._steps.append((rec["step"], json.dumps(rec)))
         self._last_step = max(self._last_step, int(info.get("last_step", self._last_step)))
+        self._since = info.get("dp_last_step", self._since)
+        self._num_steps = int(info.get("num_steps", self._num_steps))
         head: dict[str, Any] = {"time": time.time(), "error": error, "num_streams": self.num_streams,
                                 "poll_interval_s": self.poll_interval_s}
         if error is not None:
@@ -142,7 +150,7 @@ class MetricsFeed:
             dt = max(1e-6, now - t0)
             # max(0, ...): a flush_cache may reset a counter; never show a negative rate
             rates = {"input_tok_s": max(0, prefill - prefill0) / dt, "output_tok_s": max(0, gen - gen0) / dt,
-                     "steps_s": max(0, self._last_step - step0) / dt}
-        self._samples.append((now, gen, prefill, self._last_step))
+                     "steps_s": max(0, self._num_steps - step0) / dt}
+        self._samples.append((now, gen, prefill, self._num_steps))
         head["rates"] = {k: round(v, 2) for k, v in rates.items()}
         return head

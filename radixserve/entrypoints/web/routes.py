@@ -3,7 +3,7 @@
     GET /                    the page (static/index.html; open: it holds no data, every call it makes
     GET /web/...             sends the API key), its scripts and styles -- no build step, no CDN
     GET /v1/stream/metrics   server-sent events: a snapshot of the scheduler every interval_ms
-    GET /debug/radix_tree    the cached prefixes as a bounded tree (JSON)
+    GET /debug/radix_tree    the cached prefixes as a bounded tree (JSON; of replica dp_rank with --dp-size)
     GET /debug/steps         the scheduler's last step records, or those of one request (its trace)
 
 Everything but the page and its files sits behind --api-key (RequestGate), like every other route.
@@ -82,8 +82,8 @@ class MetricsStreamResponse(StreamingResponse):
             yield self.feed.render(n_steps)
 
 
-def _index_page(api_key_required: bool) -> str:
-    config = {"api_key_required": api_key_required, "version": __version__}
+def _index_page(api_key_required: bool, dp_size: int = 1) -> str:
+    config = {"api_key_required": api_key_required, "version": __version__, "dp_size": dp_size}
     text = (STATIC_DIR / "index.html").read_text()
     # A JSON data block (never executed, so the CSP allows it); "<" escaped so it cannot close the tag.
     return text.replace("{{CONFIG}}", json.dumps(config).replace("<", "\\u003c"))
@@ -98,7 +98,9 @@ def add_web_routes(app: FastAPI, state: ServerState) -> MetricsFeed:
         return await state.tm.get_server_info(**kw)
 
     feed = MetricsFeed(server_info)
-    page = _index_page(bool(state.server_args.api_key))
+    page = _index_page(bool(state.server_args.api_key), state.server_args.dp_size)
+    dp_rank = IntParam("dp_rank", 0, 0, state.server_args.dp_size - 1, "the data-parallel replica whose tree to show "
+                       "(each replica has its own cache)")
 
     def stopped() -> bool:
         tm = state.tm
@@ -120,11 +122,11 @@ def add_web_routes(app: FastAPI, state: ServerState) -> MetricsFeed:
                            "close one and retry", code="rate_limit_exceeded", headers={"Retry-After": "1"})
         return MetricsStreamResponse(feed, interval_ms / 1000.0, n_steps, stopped)
 
-    @app.get("/debug/radix_tree", openapi_extra=query_doc(MAX_NODES, MAX_DEPTH))
+    @app.get("/debug/radix_tree", openapi_extra=query_doc(MAX_NODES, MAX_DEPTH, dp_rank))
     async def radix_tree(request: Request) -> Response:
-        max_nodes, max_depth = MAX_NODES.read(request), MAX_DEPTH.read(request)
+        max_nodes, max_depth, rank = MAX_NODES.read(request), MAX_DEPTH.read(request), dp_rank.read(request)
         tm = state.tm_or_503()
-        tree = await tm.get_radix_tree(max_nodes, max_depth)
+        tree = await tm.get_radix_tree(max_nodes, max_depth, rank)
         for node in tree["nodes"]:  # decoded here, not in the scheduler's loop
             ids = node.pop("preview_ids")
             node["text"] = tm.tokenizer.decode(ids, skip_special_tokens=False)

@@ -5,7 +5,9 @@ from radixserve.kernels.cpu.loader import (
     load_cpu_ops,
     load_paged_attention,
     loaded_isa,
+    native_bf16_matmul,
     selected_isa,
 )
 
-__all__ = ["enable_cpu_kernels", "load_cpu_ops", "load_paged_attention", "loaded_isa", "selected_isa"]
+__all__ = ["enable_cpu_kernels", "load_cpu_ops", "load_paged_attention", "loaded_isa", "native_bf16_matmul",
+           "selected_isa"]

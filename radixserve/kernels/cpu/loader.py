@@ -2,6 +2,7 @@
 
     csrc/ops.cpp               every op's schema (torch.ops.radixserve_cpu.<name>)
     csrc/paged_attention.cpp   paged_attention, paged_attention_varlen
+    csrc/flash_attention.cpp   extend_attention (tiled, online softmax: PREFILL / EXTEND)
     csrc/decoder_glue.cpp      fused_add_rms_norm_, rope_, silu_and_mul
     csrc/quant_linear.cpp      quant_linear (Q8_0 / Q4_1 weights x block-quantised int8 activations)
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
@@ -37,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 ISA_ENV = "RADIXSERVE_CPU_ISA"
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "decoder_glue.cpp", "quant_linear.cpp",
-                                                  "decode_stack.cpp")]
+SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "flash_attention.cpp",
+                                                  "decoder_glue.cpp", "quant_linear.cpp", "decode_stack.cpp")]
 
 HEADERS = sorted(os.path.join(_CSRC, f) for f in os.listdir(_CSRC) if f.endswith(".h"))
 
@@ -71,6 +72,15 @@ def cpu_info() -> tuple[frozenset[str], str]:
     return frozenset(flags), model
 
 
+# CPU flags that make bf16 matmul native (oneDNN's AMX brgemm, or AVX512-BF16 dot products)
+BF16_MATMUL_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+def native_bf16_matmul(flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU (or a CPU with `flags`) runs bf16 matmul natively: what --dtype auto asks."""
+    return bool((cpu_info()[0] if flags is None else flags) & BF16_MATMUL_FLAGS)
+
+
 def missing_features(isa: str) -> list[str]:
     needs = next(n for name, n, _ in ISAS if name == isa)
     return sorted(needs - cpu_info()[0])
@@ -95,9 +105,11 @@ def selected_isa() -> str:
 
 
 def build_dir(isa: str) -> str:
-    """One cache folder per (ISA, CPU model, torch version, sources): never a library from another
-    machine, and two checkouts with different sources never rebuild over each other."""
-    h = hashlib.sha1(f"{cpu_info()[1]}|{torch.__version__}".encode())
+    """One cache folder per (ISA, CPU model, torch version, sources and their folder): never a library
+    from another machine, and two checkouts never rebuild over each other."""
+    # the sources' folder too: the build files name absolute paths, so two checkouts with the same
+    # sources would otherwise rebuild over each other's folder
+    h = hashlib.sha1(f"{cpu_info()[1]}|{torch.__version__}|{os.path.realpath(_CSRC)}".encode())
     for path in SOURCES + HEADERS:
         with open(path, "rb") as f:
             h.update(f.read())

@@ -1,7 +1,10 @@
-"""The torch-native backend with its short-query path (DECODE, TARGET_VERIFY, MIXED's decodes)
-replaced by the C++ kernel of kernels/cpu/csrc/paged_attention.cpp, which reads K/V in place from the paged
-pool instead of gathering a padded copy per layer. Long query blocks (PREFILL, EXTEND chunks)
-stay on scaled_dot_product_attention, where the gather is small next to the attention itself.
+"""The torch-native backend with both of its paths replaced by C++ kernels that read K/V in place from
+the paged pool (float32 or bf16) instead of gathering a padded copy per layer:
+
+  short query blocks (DECODE, TARGET_VERIFY, MIXED's decodes)   kernels/cpu/csrc/paged_attention.cpp
+  long query blocks (PREFILL, EXTEND chunks, MIXED's prefills)  kernels/cpu/csrc/flash_attention.cpp:
+      tiled with an online softmax, every request of the step in one call, no S x S mask (SDPA needs
+      one, and a gathered history, as soon as a request has a cached prefix)
 
 Measured with `radixserve bench one-batch` on the 2-core dev machine, batch 32 at context 512:
 the gather + SDPA path spent ~380 ms of a 700 ms decode step in attention (index_select ~265 ms,
@@ -15,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.layers.attention.torch_native_backend import BatchedPart, TorchNativeAttnBackend
+from radixserve.layers.attention.torch_native_backend import BatchedPart, ExtendPart, TorchNativeAttnBackend
 
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
@@ -23,10 +26,20 @@ if TYPE_CHECKING:
 
 class CpuPagedAttnBackend(TorchNativeAttnBackend):
     batched_mask = False  # the kernel sees keys 0 .. seq_len - L + i from seq_lens
+    extend_in_one_call = True
 
-    def __init__(self, device: torch.device, kernel: Callable[..., None]) -> None:
+    def __init__(self, device: torch.device, kernel: Callable[..., None], extend_kernel: Callable[..., None]) -> None:
         super().__init__(device)
         self.kernel = kernel
+        self.extend_kernel = extend_kernel
+
+    def _attend_extend(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,
+        e: ExtendPart, out: torch.Tensor,
+    ) -> None:
+        # rows of q not owned by these requests (MIXED's decodes) are left to _attend_batched
+        self.extend_kernel(q.contiguous(), k_buf, v_buf, e.kv_indices, e.seq_lens, e.q_start, e.q_lens,
+                           layer.scaling, out)
 
     def _attend_batched(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,

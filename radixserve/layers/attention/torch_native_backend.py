@@ -48,15 +48,28 @@ class RaggedItem:
 
 
 @dataclass
+class ExtendPart:
+    """The long query blocks of a step as one table, for a kernel that takes them all in one call."""
+
+    kv_indices: torch.Tensor  # [n, max_len] int64 slot tables
+    seq_lens: torch.Tensor  # [n] int64, this step's tokens included
+    q_start: torch.Tensor  # [n] int64 first row in q
+    q_lens: torch.Tensor  # [n] int64
+
+
+@dataclass
 class TorchNativeMetadata:
     batched: BatchedPart | None
     ragged: list[RaggedItem]
+    extend: ExtendPart | None = None  # set instead of `ragged` by backends with a one-call extend kernel
 
 
 class TorchNativeAttnBackend(AttentionBackend):
     # SDPA reads the batched part's mask; a backend whose kernel derives visibility from seq_lens
     # sets this False, and the per-step metadata skips building it
     batched_mask = True
+    # a backend whose kernel takes every long query block in one call (ExtendPart) sets this True
+    extend_in_one_call = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -71,6 +84,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         if mode.is_decode() or mode.is_target_verify():
             batched_rows = list(range(fb.batch_size))
+        elif mode.is_mixed() and fb.num_extend_reqs is not None:
+            batched_rows = list(range(fb.num_extend_reqs, fb.batch_size))  # the decodes
         elif mode.is_mixed():
             batched_rows = [i for i, e in enumerate(ext) if e == 1 and pre[i] > 0]
         else:
@@ -78,8 +93,22 @@ class TorchNativeAttnBackend(AttentionBackend):
         starts = fb.extend_start_loc.tolist() if not mode.is_decode() else list(range(fb.batch_size))
         batched = self._batched_part(fb, batched_rows, starts) if batched_rows else None
         in_batched = set(batched_rows)
-        ragged = [self._ragged_item(fb, i, starts[i]) for i in range(fb.batch_size) if i not in in_batched]
+        rest = [i for i in range(fb.batch_size) if i not in in_batched]
+        if self.extend_in_one_call:
+            extend = self._extend_part(fb, rest, starts) if rest else None
+            fb.attn_metadata = TorchNativeMetadata(batched, [], extend)
+            return
+        ragged = [self._ragged_item(fb, i, starts[i]) for i in rest]
         fb.attn_metadata = TorchNativeMetadata(batched, ragged)
+
+    def _extend_part(self, fb: ForwardBatch, rows: list[int], starts: list[int]) -> ExtendPart:
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        max_len = max(fb.seq_lens_cpu[i] for i in rows)
+        kv = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[rows_t], :max_len].contiguous()
+        return ExtendPart(kv, fb.seq_lens[rows_t].contiguous(),
+                          torch.tensor([starts[i] for i in rows], dtype=torch.int64, device=self.device),
+                          torch.tensor([fb.extend_seq_lens_cpu[i] for i in rows], dtype=torch.int64,
+                                       device=self.device))
 
     def _batched_part(self, fb: ForwardBatch, rows: list[int], starts: list[int]) -> BatchedPart:
         lens = {fb.extend_seq_lens_cpu[i] for i in rows}
@@ -132,6 +161,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = torch.empty_like(q)  # [n, num_heads, head_dim]
         if md.batched is not None:
             self._attend_batched(q, k_buf, v_buf, layer, md.batched, out)
+        if md.extend is not None:
+            self._attend_extend(q, k_buf, v_buf, layer, md.extend, out)
         for item in md.ragged:
             sl = slice(item.start, item.start + item.extend_len)
             qi = q[sl].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, head_dim]
@@ -141,14 +172,20 @@ class TorchNativeAttnBackend(AttentionBackend):
                 vi = v[sl].transpose(0, 1).unsqueeze(0)
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
             else:
-                ki = _gather(k_buf, item.kv_indices).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, head_dim]
-                vi = _gather(v_buf, item.kv_indices).transpose(0, 1).unsqueeze(0)
+                ki = _gather(k_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, hd]
+                vi = _gather(v_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)
                 oi = F.scaled_dot_product_attention(
                     qi, ki, vi, attn_mask=item.mask, scale=layer.scaling, enable_gqa=True
                 )
             out[sl] = oi.squeeze(0).transpose(0, 1)
         return out
 
+
+    def _attend_extend(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,
+        e: ExtendPart, out: torch.Tensor,
+    ) -> None:
+        raise NotImplementedError("a backend that sets extend_in_one_call implements _attend_extend")
 
     def _attend_batched(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,
@@ -157,14 +194,15 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Rows b.token_idx of `out` = attention of the short query blocks over their gathered history."""
         nb = b.kv_indices.shape[0]
         qb = q[b.token_idx].view(nb, b.query_len, layer.num_heads, layer.head_dim).transpose(1, 2)
-        kb = _gather(k_buf, b.kv_indices).transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
-        vb = _gather(v_buf, b.kv_indices).transpose(1, 2)
+        kb = _gather(k_buf, b.kv_indices, q.dtype).transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
+        vb = _gather(v_buf, b.kv_indices, q.dtype).transpose(1, 2)
         ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=layer.scaling, enable_gqa=True)
         out[b.token_idx] = ob.transpose(1, 2).reshape(-1, layer.num_heads, layer.head_dim)
 
 
-def _gather(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """buf[indices] for slot tables of any shape. index_select on the flattened table is a
-    row memcpy; advanced indexing is ~2.7x slower on CPU (measured: 1.4 vs 3.7 GB/s)."""
+def _gather(buf: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """buf[indices] for slot tables of any shape, in the queries' dtype (a bf16 KV cache is widened
+    here). index_select on the flattened table is a row memcpy; advanced indexing is ~2.7x slower on
+    CPU (measured: 1.4 vs 3.7 GB/s)."""
     # [*idx_shape] -> [*idx_shape, kv_heads, head_dim]
-    return buf.index_select(0, indices.reshape(-1)).view(*indices.shape, *buf.shape[1:])
+    return buf.index_select(0, indices.reshape(-1)).view(*indices.shape, *buf.shape[1:]).to(dtype)

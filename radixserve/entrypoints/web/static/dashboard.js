@@ -2,7 +2,7 @@
 // Every snapshot is the scheduler's get_server_info() counters plus its newest step records (the
 // record --trace-batches writes), so the numbers here are the ones /metrics and the trace file show.
 
-import { el, fmtInt, fmtRate, isAbort, shortRid, streamEvents } from './api.js';
+import { config, el, fmtInt, fmtRate, isAbort, shortRid, streamEvents } from './api.js';
 import { LineChart } from './charts.js';
 
 const $ = (id) => document.getElementById(id);
@@ -115,11 +115,25 @@ function stepRow(step, now) {
   const chunked = s.chunked_rid ? el('div', { class: 'small', text: `chunked: ${shortRid(s.chunked_rid)}` }) : null;
   const pos = f.positions_range ? `${f.positions_range[0]}–${f.positions_range[1]}` : '–';
   return el('tr', { 'data-step': step.step },
-    el('td', {}, el('b', { text: `#${step.step}` }), el('div', { class: 'small muted', text: `${ago.toFixed(1)} s ago` })),
+    el('td', {}, el('b', { text: `#${step.step}` }),
+      config.dp_size > 1 ? el('div', { class: 'small', text: `replica ${step.dp_rank}` }) : null,
+      el('div', { class: 'small muted', text: `${ago.toFixed(1)} s ago` })),
     el('td', {}, el('span', { class: `mode mode-${s.mode}`, text: s.mode }), ` ${s.rids.length} req`, ridChips(s), waiting, chunked),
     el('td', {}, el('span', { class: `mode mode-${f.forward_mode}`, text: f.forward_mode }),
       el('div', { class: 'small', text: `bs ${f.batch_size} · ${fmtInt(f.num_tokens)} tokens · positions ${pos}` })),
     el('td', {}, ...timingBar(step.timing)));
+}
+
+// --dp-size > 1: one row per replica (server_info.dp: the router's counts and the replica's own)
+function renderReplicas(reps) {
+  const panel = $('replicas-panel');
+  panel.hidden = !(reps && reps.length > 1);
+  if (panel.hidden) return;
+  document.querySelector('#replicas tbody').replaceChildren(...reps.map((r) => el('tr', { 'data-dp-rank': r.dp_rank },
+    el('td', { text: String(r.dp_rank) }), el('td', { text: fmtInt(r.num_running_reqs) }),
+    el('td', { text: fmtInt(r.num_waiting_reqs) }), el('td', { text: fmtInt(r.num_in_flight_reqs) }),
+    el('td', { text: fmtInt(r.num_served_reqs) }), el('td', { text: `${(100 * (r.cache_hit_rate || 0)).toFixed(1)}%` }),
+    el('td', { text: `${fmtInt(r.num_used_tokens)} / ${fmtInt(r.num_cached_tokens)} / ${fmtInt(r.max_total_num_tokens)}` }))));
 }
 
 function render(snap) {
@@ -135,6 +149,7 @@ function render(snap) {
   setText('m-output-tps', fmtRate(snap.rates.output_tok_s));
   setText('m-steps-ps', fmtRate(snap.rates.steps_s));
   renderKV(snap.kv);
+  renderReplicas(info.dp);
   chart.push({ input: snap.rates.input_tok_s, output: snap.rates.output_tok_s });
   const rows = snap.steps.slice().reverse().map((s) => stepRow(s, snap.time));
   const body = document.querySelector('#pipeline tbody');

@@ -1,7 +1,7 @@
 // Radix tree view: GET /debug/radix_tree (bounded: max_nodes breadth first, max_depth levels),
 // rendered as nested <details> so every prefix folds. Refreshed on demand only.
 
-import { el, fmtInt, getJSON, isAbort } from './api.js';
+import { config, el, fmtInt, getJSON, isAbort } from './api.js';
 
 const $ = (id) => document.getElementById(id);
 let controller = null;
@@ -44,7 +44,8 @@ function build(tree) {
 export async function refreshTree() {
   if (controller) controller.abort();
   controller = new AbortController();
-  const q = `max_nodes=${encodeURIComponent($('tree-max-nodes').value)}&max_depth=${encodeURIComponent($('tree-max-depth').value)}`;
+  let q = `max_nodes=${encodeURIComponent($('tree-max-nodes').value)}&max_depth=${encodeURIComponent($('tree-max-depth').value)}`;
+  if (config.dp_size > 1) q += `&dp_rank=${encodeURIComponent($('tree-dp-rank').value)}`;  // each replica has its own cache
   showError('');
   try {
     const tree = await getJSON(`/debug/radix_tree?${q}`, controller.signal);
@@ -56,7 +57,7 @@ export async function refreshTree() {
     } else {
       root.replaceChildren(...build(tree));
     }
-    $('tree-summary').textContent = `${fmtInt(tree.total_tokens)} cached tokens (${fmtInt(tree.locked_tokens)} locked, `
+    $('tree-summary').textContent = `${config.dp_size > 1 ? `replica ${tree.dp_rank}: ` : ''}${fmtInt(tree.total_tokens)} cached tokens (${fmtInt(tree.locked_tokens)} locked, `
       + `${fmtInt(tree.evictable_tokens)} evictable) · ${tree.nodes.length} nodes shown${tree.truncated ? ' (cut: raise max nodes / depth)' : ''}`;
     root.dataset.loaded = String(Date.now());
   } catch (err) {
@@ -65,6 +66,11 @@ export async function refreshTree() {
 }
 
 export function initTree() {
+  if (config.dp_size > 1) {
+    $('tree-dp-label').hidden = false;
+    $('tree-dp-rank').max = String(config.dp_size - 1);
+    $('tree-dp-rank').addEventListener('change', refreshTree);
+  }
   $('tree-refresh').addEventListener('click', refreshTree);
   $('tree-expand').addEventListener('click', () => { for (const d of document.querySelectorAll('#tree-root details')) d.open = true; });
   $('tree-collapse').addEventListener('click', () => { for (const d of document.querySelectorAll('#tree-root details')) d.open = false; });

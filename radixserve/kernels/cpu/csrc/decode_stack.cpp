@@ -23,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
 #include "ops.h"
 #include "quant_linear.h"
 
@@ -58,9 +59,10 @@ class DecodeStack : public torch::CustomClassHolder {
     const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
     if (L.qkv_bias.numel() > 0) check_vec(L.qkv_bias, qkv_n, "qkv_bias");
     for (const at::Tensor* kv : {&L.k_buf, &L.v_buf}) {
-      TORCH_CHECK(kv->scalar_type() == at::kFloat && kv->is_contiguous() && kv->dim() == 3 && kv->size(1) == Hkv_ &&
-                      kv->size(2) == D_,
-                  "DecodeStack.add_layer: KV buffers must be float32 [slots, kv_heads, head_dim]");
+      TORCH_CHECK((kv->scalar_type() == at::kFloat || kv->scalar_type() == at::kBFloat16) &&
+                      kv->scalar_type() == L.k_buf.scalar_type() && kv->is_contiguous() && kv->dim() == 3 &&
+                      kv->size(1) == Hkv_ && kv->size(2) == D_,
+                  "DecodeStack.add_layer: KV buffers must be float32 or bfloat16 [slots, kv_heads, head_dim]");
     }
     L.keep.assign(t.begin() + 5, t.end());
     L.qkv = qmat_from_tensors(kinds[0], qkv_n, H_, t[5], t[6], t[7], "DecodeStack qkv_proj");
@@ -111,8 +113,6 @@ class DecodeStack : public torch::CustomClassHolder {
     const c10::optional<at::Tensor> with_residual(residual);
     float* xp = x.data_ptr<float>();
     float* qkvp = qkv.data_ptr<float>();
-    const int64_t kv_row = Hkv_ * D_;
-
     for (size_t l = 0; l < layers_.size(); ++l) {
       StackLayer& Ly = layers_[l];
       if (l == 0) {
@@ -124,14 +124,13 @@ class DecodeStack : public torch::CustomClassHolder {
       quantize_rows_q8(xp, M, H_, H_, act_q_);
       qgemm(Ly.qkv, act_q_, Ly.qkv_bias.numel() > 0 ? Ly.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
       rope_(qk, positions, cos_, sin_);
-      float* kp = Ly.k_buf.data_ptr<float>();
-      float* vp = Ly.v_buf.data_ptr<float>();
       float* qp = q.data_ptr<float>();
-      for (int64_t i = 0; i < M; ++i) {
-        const float* row = qkvp + i * qkv_n;
-        std::memcpy(qp + i * Hq_ * D_, row, sizeof(float) * Hq_ * D_);
-        std::memcpy(kp + loc[i] * kv_row, row + Hq_ * D_, sizeof(float) * kv_row);
-        std::memcpy(vp + loc[i] * kv_row, row + (Hq_ + Hkv_) * D_, sizeof(float) * kv_row);
+      for (int64_t i = 0; i < M; ++i) std::memcpy(qp + i * Hq_ * D_, qkvp + i * qkv_n, sizeof(float) * Hq_ * D_);
+      if (Ly.k_buf.scalar_type() == at::kBFloat16) {
+        write_kv(reinterpret_cast<bf16_t*>(Ly.k_buf.data_ptr()), reinterpret_cast<bf16_t*>(Ly.v_buf.data_ptr()),
+                 qkvp, qkv_n, loc, M);
+      } else {
+        write_kv(Ly.k_buf.data_ptr<float>(), Ly.v_buf.data_ptr<float>(), qkvp, qkv_n, loc, M);
       }
       paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, attn);
       quantize_rows_q8(attn.data_ptr<float>(), M, Hq_ * D_, Hq_ * D_, act_q_);
@@ -148,6 +147,17 @@ class DecodeStack : public torch::CustomClassHolder {
   }
 
  private:
+  // this step's k and v heads of each row (after RoPE) -> the pool's slots out_loc, in the pool's dtype
+  template <typename T>
+  void write_kv(T* kp, T* vp, const float* qkvp, int64_t qkv_n, const int64_t* loc, int64_t M) const {
+    const int64_t kv_row = Hkv_ * D_;
+    for (int64_t i = 0; i < M; ++i) {
+      const float* row = qkvp + i * qkv_n;
+      store_row(kp + loc[i] * kv_row, row + Hq_ * D_, kv_row);
+      store_row(vp + loc[i] * kv_row, row + (Hq_ + Hkv_) * D_, kv_row);
+    }
+  }
+
   static void check_vec(const at::Tensor& t, int64_t n, const char* what) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 1 && t.numel() == n,
                 "DecodeStack: ", what, " must be float32 [", n, "]");

@@ -1,5 +1,5 @@
 // Every native CPU op of radixserve, declared once: `torch.ops.radixserve_cpu.<name>`. One source per
-// op family implements them (paged_attention.cpp, decoder_glue.cpp, quant_linear.cpp;
+// op family implements them (paged_attention.cpp, flash_attention.cpp, decoder_glue.cpp, quant_linear.cpp;
 // decode_stack.cpp adds the DecodeStack class); a new op is declared here and
 // implemented in its family's file (or a new one, listed in loader.py's SOURCES).
 #include <torch/library.h>
@@ -8,6 +8,9 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, int L, float scale, "
         "Tensor(a!) out) -> ()");
   m.def("paged_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, Tensor q_start, "
+        "Tensor q_lens, float scale, Tensor(a!) out) -> ()");
+  // long query blocks (PREFILL / EXTEND): tiled, online softmax, K/V read in place (flash_attention.cpp)
+  m.def("extend_attention(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, Tensor q_start, "
         "Tensor q_lens, float scale, Tensor(a!) out) -> ()");
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!)? residual, Tensor weight, float eps) -> ()");
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");

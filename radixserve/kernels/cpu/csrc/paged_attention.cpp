@@ -1,4 +1,4 @@
-// Paged attention on CPU (float32): the kernel for short query blocks (DECODE, TARGET_VERIFY, the
+// Paged attention on CPU (float32 compute; the KV pool in float32 or bfloat16, widened on load): the kernel for short query blocks (DECODE, TARGET_VERIFY, the
 // decodes of MIXED) and its variable-length form for every mode (used by
 // --enable-deterministic-inference, see paged_attention_varlen). Op schemas: ops.cpp; built per CPU
 // ISA by radixserve/kernels/cpu/loader.py.
@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "bf16.h"
 #include "ops.h"
 
 namespace radixserve {
@@ -47,23 +48,35 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+template <typename T>
+inline float dot(const float* __restrict a, const T* __restrict b, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (n % 16 == 0) {  // explicit lanes: the same sums whatever the KV dtype (the compiler's own would differ)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (int64_t d = 0; d < n; d += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), load8(b + d), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), load8(b + d + 8), a1);
+    }
+    return hsum(_mm256_add_ps(a0, a1));
+  }
+#endif
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  for (int64_t d = 0; d < n; ++d) s += a[d] * to_f32(b[d]);
   return s;
 }
 
 // s[g] = dot(q + g * D, k) for the G query heads that share one kv head: each K vector is loaded
 // once for all of them, and the G accumulators are independent FMA chains.
-inline void dot_group(const float* __restrict q, const float* __restrict k, int64_t G, int64_t D, float* s) {
+template <typename T>
+inline void dot_group(const float* __restrict q, const T* __restrict k, int64_t G, int64_t D, float* s) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 8 == 0) {
     int64_t g = 0;
     for (; g + 4 <= G; g += 4) {
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int64_t d = 0; d < D; d += 8) {
-        const __m256 kv = _mm256_loadu_ps(k + d);
+        const __m256 kv = load8(k + d);
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g + 0) * D + d), kv, a0);
         a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g + 1) * D + d), kv, a1);
         a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + (g + 2) * D + d), kv, a2);
@@ -75,10 +88,10 @@ inline void dot_group(const float* __restrict q, const float* __restrict k, int6
       __m256 a0 = _mm256_setzero_ps(), a1 = a0;
       int64_t d = 0;
       for (; d + 16 <= D; d += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), _mm256_loadu_ps(k + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), load8(k + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d + 8), load8(k + d + 8), a1);
       }
-      for (; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), _mm256_loadu_ps(k + d), a0);
+      for (; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), load8(k + d), a0);
       s[g] = hsum(_mm256_add_ps(a0, a1));
     }
     return;
@@ -87,18 +100,21 @@ inline void dot_group(const float* __restrict q, const float* __restrict k, int6
   for (int64_t g = 0; g < G; ++g) s[g] = dot(q + g * D, k, D);
 }
 
-inline void axpy(float* __restrict y, float a, const float* __restrict x, int64_t n) {
+template <typename T>
+inline void axpy(float* __restrict y, float a, const T* __restrict x, int64_t n) {
 #pragma omp simd
-  for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
+  for (int64_t d = 0; d < n; ++d) y[d] += a * to_f32(x[d]);
 }
 
-inline void prefetch_row(const float* p, int64_t n) {
+template <typename T>
+inline void prefetch_row(const T* p, int64_t n) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(float)); off += 64) __builtin_prefetch(c + off);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
 }
 
 // acc[0:D] = sum_t p[t] * v[idx[t] * row + off : + D] over t < n.
-inline void weighted_sum(const float* __restrict p, const float* __restrict v, const int64_t* __restrict idx,
+template <typename T>
+inline void weighted_sum(const float* __restrict p, const T* __restrict v, const int64_t* __restrict idx,
                          int64_t row, int64_t off, int64_t n, int64_t D, float* __restrict acc) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 64 == 0) {
@@ -106,16 +122,16 @@ inline void weighted_sum(const float* __restrict p, const float* __restrict v, c
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
       for (int64_t t = 0; t < n; ++t) {
         if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 64);
-        const float* vr = v + idx[t] * row + off + c;
+        const T* vr = v + idx[t] * row + off + c;
         const __m256 w = _mm256_set1_ps(p[t]);
-        a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 0), a0);
-        a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8), a1);
-        a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 16), a2);
-        a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 24), a3);
-        a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 32), a4);
-        a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 40), a5);
-        a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 48), a6);
-        a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 56), a7);
+        a0 = _mm256_fmadd_ps(w, load8(vr + 0), a0);
+        a1 = _mm256_fmadd_ps(w, load8(vr + 8), a1);
+        a2 = _mm256_fmadd_ps(w, load8(vr + 16), a2);
+        a3 = _mm256_fmadd_ps(w, load8(vr + 24), a3);
+        a4 = _mm256_fmadd_ps(w, load8(vr + 32), a4);
+        a5 = _mm256_fmadd_ps(w, load8(vr + 40), a5);
+        a6 = _mm256_fmadd_ps(w, load8(vr + 48), a6);
+        a7 = _mm256_fmadd_ps(w, load8(vr + 56), a7);
       }
       _mm256_storeu_ps(acc + c + 0, a0);
       _mm256_storeu_ps(acc + c + 8, a1);
@@ -140,7 +156,8 @@ inline void weighted_sum(const float* __restrict p, const float* __restrict v, c
 // chains: a row's scores depend only on its query, its position and the keys, never on which
 // other rows share the call. False when this layout has no vector path (the caller then uses
 // dot_group).
-inline bool rows_scores(const float* q0, const float* kp, const int64_t* idx, int64_t h, int64_t i0, int64_t i1,
+template <typename T>
+inline bool rows_scores(const float* q0, const T* kp, const int64_t* idx, int64_t h, int64_t i0, int64_t i1,
                         int64_t pos0, int64_t H, int64_t G, int64_t D, int64_t row, int64_t stride, float scale,
                         float* scores) {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -158,19 +175,19 @@ inline bool rows_scores(const float* q0, const float* kp, const int64_t* idx, in
         if (t + kAhead + 3 < visible) {
           for (int u = 0; u < 4; ++u) prefetch_row(kp + idx[t + kAhead + u] * row + h * D + c, 64);
         }
-        const float* k0 = kp + idx[t] * row + h * D + c;
-        const float* k1 = kp + idx[t + 1] * row + h * D + c;
-        const float* k2 = kp + idx[t + 2] * row + h * D + c;
-        const float* k3 = kp + idx[t + 3] * row + h * D + c;
-        __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k0));
-        __m256 a1 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k1));
-        __m256 a2 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k2));
-        __m256 a3 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k3));
+        const T* k0 = kp + idx[t] * row + h * D + c;
+        const T* k1 = kp + idx[t + 1] * row + h * D + c;
+        const T* k2 = kp + idx[t + 2] * row + h * D + c;
+        const T* k3 = kp + idx[t + 3] * row + h * D + c;
+        __m256 a0 = _mm256_mul_ps(qv[0], load8(k0));
+        __m256 a1 = _mm256_mul_ps(qv[0], load8(k1));
+        __m256 a2 = _mm256_mul_ps(qv[0], load8(k2));
+        __m256 a3 = _mm256_mul_ps(qv[0], load8(k3));
         for (int j = 1; j < 8; ++j) {
-          a0 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k0 + 8 * j), a0);
-          a1 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k1 + 8 * j), a1);
-          a2 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k2 + 8 * j), a2);
-          a3 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k3 + 8 * j), a3);
+          a0 = _mm256_fmadd_ps(qv[j], load8(k0 + 8 * j), a0);
+          a1 = _mm256_fmadd_ps(qv[j], load8(k1 + 8 * j), a1);
+          a2 = _mm256_fmadd_ps(qv[j], load8(k2 + 8 * j), a2);
+          a3 = _mm256_fmadd_ps(qv[j], load8(k3 + 8 * j), a3);
         }
         // 4 horizontal sums at once: [a0 a1 a2 a3] -> one __m128
         const __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
@@ -196,9 +213,24 @@ inline bool rows_scores(const float* q0, const float* kp, const int64_t* idx, in
 }
 
 // The fixed-L layout of paged_attention: rows 0 .. L-1 of request b, scores strided by len.
-inline bool row_scores(const float* qp, const float* kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
+template <typename T>
+inline bool row_scores(const float* qp, const T* kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
                        int64_t H, int64_t G, int64_t D, int64_t row, int64_t len, float scale, float* scores) {
   return rows_scores(qp + b * L * H * D, kp, idx, h, 0, L, len - L, H, G, D, row, len, scale, scores);
+}
+
+inline bool kv_dtype_ok(const at::Tensor& k, const at::Tensor& v) {
+  return k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16);
+}
+
+// f(kp, vp) with the pool's element type: float32 or bfloat16 (bf16.h)
+template <typename F>
+inline void with_kv(const at::Tensor& k, const at::Tensor& v, F&& f) {
+  if (k.scalar_type() == at::kBFloat16) {
+    f(reinterpret_cast<const bf16_t*>(k.data_ptr()), reinterpret_cast<const bf16_t*>(v.data_ptr()));
+  } else {
+    f(k.data_ptr<float>(), v.data_ptr<float>());
+  }
 }
 
 }  // namespace
@@ -206,9 +238,8 @@ inline bool row_scores(const float* qp, const float* kp, const int64_t* idx, int
 void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                      const at::Tensor& seq_lens, int64_t L, double scale, at::Tensor& out) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention: CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
-                  out.scalar_type() == at::kFloat,
-              "paged_attention: float32 only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v),
+              "paged_attention: q and out float32, k and v both float32 or both bfloat16");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
               "paged_attention: kv_idx and seq_lens must be int64");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous() &&
@@ -223,8 +254,6 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t G = H / Hkv;
   const float fscale = static_cast<float>(scale);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   const int64_t* ip = kv_idx.data_ptr<int64_t>();
   const int64_t* lp = seq_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
@@ -239,6 +268,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
   const int64_t row = Hkv * D;  // floats per slot: all kv heads of one token
   // One work item per (request, kv head), so even a batch of one request uses every thread.
+  with_kv(k, v, [&](const auto* kp, const auto* vp) {
   at::parallel_for(0, nb * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc, inv_sum, sg(G);
     for (int64_t w = begin; w < end; ++w) {
@@ -252,7 +282,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       if (!row_scores(qp, kp, idx, b, h, L, H, G, D, row, len, fscale, scores.data())) {
         for (int64_t t = 0; t < len; ++t) {
           if (t + kAhead < len) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
-          const float* kr = kp + idx[t] * row + h * D;
+          const auto* kr = kp + idx[t] * row + h * D;
           for (int64_t i = (t > len - L ? t - (len - L) : 0); i < L; ++i) {
             dot_group(qp + ((b * L + i) * H + h * G) * D, kr, G, D, sg.data());  // heads h*G .. h*G+G-1
             for (int64_t g = 0; g < G; ++g) scores[(i * G + g) * len + t] = sg[g] * fscale;
@@ -285,6 +315,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       }
     }
   });
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -309,7 +340,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 constexpr int64_t kRowBlock = 16;
 
 namespace {
-inline void softmax_weighted_row(float* s, int64_t visible, const float* vp, const int64_t* idx, int64_t row,
+template <typename T>
+inline void softmax_weighted_row(float* s, int64_t visible, const T* vp, const int64_t* idx, int64_t row,
                                  int64_t off, int64_t D, float* acc, float* orow) {
   float m = s[0];
   for (int64_t t = 1; t < visible; ++t) m = s[t] > m ? s[t] : m;
@@ -327,9 +359,8 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens,
                             double scale, at::Tensor& out) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention_varlen: CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
-                  out.scalar_type() == at::kFloat,
-              "paged_attention_varlen: float32 only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v),
+              "paged_attention_varlen: q and out float32, k and v both float32 or both bfloat16");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
                   q_start.scalar_type() == at::kLong && q_lens.scalar_type() == at::kLong,
               "paged_attention_varlen: kv_idx, seq_lens, q_start and q_lens must be int64");
@@ -348,8 +379,6 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t G = H / Hkv;
   const float fscale = static_cast<float>(scale);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   const int64_t* ip = kv_idx.data_ptr<int64_t>();
   const int64_t* lp = seq_lens.data_ptr<int64_t>();
   const int64_t* sp = q_start.data_ptr<int64_t>();
@@ -369,6 +398,7 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   }
   const int64_t nblocks = static_cast<int64_t>(blocks.size());
   const int64_t row = Hkv * D;  // floats per slot: all kv heads of one token
+  with_kv(k, v, [&](const auto* kp, const auto* vp) {
   at::parallel_for(0, nblocks * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf, acc(D), sg(G);
     for (int64_t w = begin; w < end; ++w) {
@@ -386,7 +416,7 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
         const int64_t last = pos0 + i1;  // keys 0 .. last - 1 are visible to some row
         for (int64_t t = 0; t < last; ++t) {
           if (t + kAhead < last) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
-          const float* kr = kp + idx[t] * row + h * D;
+          const auto* kr = kp + idx[t] * row + h * D;
           for (int64_t i = std::max(i0, t - pos0); i < i1; ++i) {
             dot_group(q0 + (i * H + h * G) * D, kr, G, D, sg.data());
             for (int64_t g = 0; g < G; ++g) scores[((i - i0) * G + g) * stride + t] = sg[g] * fscale;
@@ -399,6 +429,7 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
         softmax_weighted_row(scores + r * stride, pos0 + i + 1, vp, idx, row, h * D, D, acc.data(), orow);
       }
     }
+  });
   });
 }
 

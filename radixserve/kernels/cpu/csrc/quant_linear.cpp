@@ -32,61 +32,109 @@ inline int32_t load_i32(const void* p) {
   return v;
 }
 
-// acc[0..8) (+)= sum over the blocks of group g of (one activation row) . (8 weight rows)
-void group_dot(const QMat& w, int64_t g, const int8_t* xq, const uint8_t* xa, const float* xd, const float* xs,
-               float* out8) {
-  const int64_t nb = w.K / kQBlock;
-  const float* dg = w.d + g * nb * kQRows;
+// Rows of activations are taken R at a time (R <= kTileRows): a block's weights are loaded (and, for
+// Q4_1, unpacked) once and meet the R rows' broadcasts, so the weight work is shared by R dot
+// products instead of being redone per row. Each row's own arithmetic is the same whatever R is
+// (per-row accumulators, same order), so a row's result never depends on how many rows share the call.
+constexpr int kTileRows = 4;
+
 #if defined(__AVX2__) && defined(__FMA__)
+// out8[r] = sum over the blocks of group g of (activation row r0 + r) . (8 weight rows), r < R
+template <int R>
+inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
+  const int64_t nb = w.K / kQBlock, K = w.K;
+  const float* dg = w.d + g * nb * kQRows;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R];
+  const int8_t* xq[R];
+  const float* xd[R];
+  const float* xs[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    xq[r] = a.q.data() + (r0 + r) * K;
+    xd[r] = a.d.data() + (r0 + r) * nb;
+    xs[r] = a.s.data() + (r0 + r) * nb;
+  }
   if (w.kind == QKind::Q8_0) {
     const int8_t* wg = static_cast<const int8_t*>(w.data) + g * nb * 256;
+    const uint8_t* xa[R];
+    for (int r = 0; r < R; ++r) xa[r] = a.aq.data() + (r0 + r) * K;
     for (int64_t b = 0; b < nb; ++b) {
       const int8_t* wb = wg + b * 256;
-      const int8_t* xb = xq + b * kQBlock;
-      const uint8_t* ab = xa + b * kQBlock;
-      __m256i s32 = _mm256_setzero_si256();
-      for (int t = 0; t < 8; t += 2) {
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32 + 32));
-        const __m256i x0 = _mm256_set1_epi32(load_i32(xb + 4 * t)), x1 = _mm256_set1_epi32(load_i32(xb + 4 * t + 4));
-        const __m256i a0 = _mm256_set1_epi32(load_i32(ab + 4 * t)), a1 = _mm256_set1_epi32(load_i32(ab + 4 * t + 4));
-        // |x| (unsigned) x sign(w, x): the same products as x . w. A pair sum reaches 2 * 127^2, so
-        // each step widens to int32 on its own (two would overflow int16)
-        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, x0)), ones);
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, x1)), ones);
-        s32 = _mm256_add_epi32(s32, _mm256_add_epi32(p0, p1));
+      __m256i s32[R];
+      for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) {
+        const __m256i wt = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
+        for (int r = 0; r < R; ++r) {
+          const int64_t o = b * kQBlock + 4 * t;
+          // |x| (unsigned) x sign(w, x): the products of x . w. A pair sum reaches 2 * 127^2, so each
+          // maddubs widens to int32 on its own (two would overflow int16)
+          const __m256i x = _mm256_set1_epi32(load_i32(xq[r] + o)), ax = _mm256_set1_epi32(load_i32(xa[r] + o));
+          s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wt, x)), ones));
+        }
       }
-      const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(dg + b * kQRows), _mm256_set1_ps(xd[b]));
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), scale, acc);
+      const __m256 d8 = _mm256_loadu_ps(dg + b * kQRows);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
     }
   } else {
     const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * 128;
     const float* mg = w.m + g * nb * kQRows;
     const __m256i mask = _mm256_set1_epi8(0x0F);
-    __m256 accm = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* wb = wg + b * 128;
-      const int8_t* xb = xq + b * kQBlock;
-      __m256i s32 = _mm256_setzero_si256();
+      __m256i p[R];
+      for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
       for (int t = 0; t < 4; ++t) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
         const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        const __m256i x0 = _mm256_set1_epi32(load_i32(xb + 8 * t)), x1 = _mm256_set1_epi32(load_i32(xb + 8 * t + 4));
-        // nibbles are unsigned already; 2 x 2 products of <= 15 * 127 fit int16
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
-        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xb = xq[r] + b * kQBlock + 8 * t;
+          // nibbles are unsigned: a pair sum is at most 2 * 15 * 127 = 3810, so the 8 of a block
+          // (30480) still fit int16 and widen once per block
+          p[r] = _mm256_add_epi16(p[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xb))),
+                                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xb + 4)))));
+        }
       }
-      const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(dg + b * kQRows), _mm256_set1_ps(xd[b]));
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), scale, acc);
-      accm = _mm256_fmadd_ps(_mm256_loadu_ps(mg + b * kQRows), _mm256_set1_ps(xs[b]), accm);
+      const __m256 d8 = _mm256_loadu_ps(dg + b * kQRows), m8 = _mm256_loadu_ps(mg + b * kQRows);
+      for (int r = 0; r < R; ++r) {
+        const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
+        acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[r][b]), acc[r]);  // the Q4_1 min term
+      }
     }
-    acc = _mm256_add_ps(acc, accm);
   }
-  _mm256_storeu_ps(out8, acc);
-  (void)xa;
-#else
+  for (int r = 0; r < R; ++r) out8[r] = acc[r];
+}
+
+template <int R>
+inline void tile_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, const float* bias, float* out,
+                       int64_t ldo) {
+  __m256 acc[R];
+  tile_dot<R>(w, g, a, r0, acc);
+  const int64_t n0 = g * kQRows, rows = std::min(kQRows, w.N - n0);
+  for (int r = 0; r < R; ++r) {
+    float* o = out + (r0 + r) * ldo + n0;
+    __m256 v = acc[r];
+    if (rows == kQRows) {
+      if (bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+      _mm256_storeu_ps(o, v);
+    } else {
+      alignas(32) float tmp[kQRows];
+      _mm256_store_ps(tmp, v);
+      for (int64_t i = 0; i < rows; ++i) o[i] = tmp[i] + (bias != nullptr ? bias[n0 + i] : 0.f);
+    }
+  }
+}
+#endif
+
+#if !(defined(__AVX2__) && defined(__FMA__))
+// Portable loops (the `generic` variant): one row at a time, the same integer products and the same
+// per-block float accumulation as the vector path.
+void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, float* out8) {
+  const int64_t nb = w.K / kQBlock;
+  const float* dg = w.d + g * nb * kQRows;
+  const int8_t* xq = a.q.data() + r * w.K;
   float acc[kQRows] = {0.f};
   for (int64_t b = 0; b < nb; ++b) {
     int32_t s[kQRows] = {0};
@@ -105,14 +153,39 @@ void group_dot(const QMat& w, int64_t g, const int8_t* xq, const uint8_t* xa, co
                     int32_t(byte >> 4) * int32_t(xq[b * kQBlock + 8 * t + 4 + c]);
           }
     }
+    const float xd = a.d[r * nb + b];
     for (int i = 0; i < kQRows; ++i) {
-      acc[i] += static_cast<float>(s[i]) * dg[b * kQRows + i] * xd[b];
-      if (w.kind == QKind::Q4_1) acc[i] += w.m[(g * nb + b) * kQRows + i] * xs[b];
+      acc[i] += static_cast<float>(s[i]) * (dg[b * kQRows + i] * xd);
+      if (w.kind == QKind::Q4_1) acc[i] += w.m[(g * nb + b) * kQRows + i] * a.s[r * nb + b];
     }
   }
   for (int i = 0; i < kQRows; ++i) out8[i] = acc[i];
-  (void)xa;
+}
 #endif
+
+// Rows r0 .. r1 of the output for weight groups g0 .. g1.
+void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo, int64_t g0,
+                 int64_t g1, int64_t r0, int64_t r1) {
+  for (int64_t g = g0; g < g1; ++g) {
+#if defined(__AVX2__) && defined(__FMA__)
+    int64_t r = r0;
+    for (; r + kTileRows <= r1; r += kTileRows) tile_store<kTileRows>(w, g, a, r, bias, out, ldo);
+    switch (r1 - r) {
+      case 3: tile_store<3>(w, g, a, r, bias, out, ldo); break;
+      case 2: tile_store<2>(w, g, a, r, bias, out, ldo); break;
+      case 1: tile_store<1>(w, g, a, r, bias, out, ldo); break;
+      default: break;
+    }
+#else
+    const int64_t n0 = g * kQRows, rows = std::min(kQRows, w.N - n0);
+    float tmp[kQRows];
+    for (int64_t r = r0; r < r1; ++r) {
+      row_dot_generic(w, g, a, r, tmp);
+      float* o = out + r * ldo + n0;
+      for (int64_t i = 0; i < rows; ++i) o[i] = tmp[i] + (bias != nullptr ? bias[n0 + i] : 0.f);
+    }
+#endif
+  }
 }
 
 }  // namespace
@@ -173,19 +246,15 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
 
 void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo) {
   TORCH_CHECK(a.K == w.K, "qgemm: activations have K ", a.K, ", weights ", w.K);
-  const int64_t nb = w.K / kQBlock, M = a.M, K = w.K;
-  // A group's weights (nb * 128 or 256 bytes) stay in L1 while every activation row meets them.
-  at::parallel_for(0, w.G, 4, [&](int64_t g0, int64_t g1) {
-    float tmp[kQRows];
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n0 = g * kQRows, rows = std::min(kQRows, w.N - n0);
-      for (int64_t r = 0; r < M; ++r) {
-        group_dot(w, g, a.q.data() + r * K, a.aq.data() + r * K, a.d.data() + r * nb, a.s.data() + r * nb, tmp);
-        float* o = out + r * ldo + n0;
-        for (int64_t i = 0; i < rows; ++i) o[i] = tmp[i] + (bias != nullptr ? bias[n0 + i] : 0.f);
-      }
-    }
-  });
+  const int64_t M = a.M;
+  // Threads split the weight groups: a group's weights (nb * 128 or 256 bytes) stay in L1 while the
+  // activation rows stream past them. Rows go in chunks so the chunk's activations (kRowChunk * K
+  // bytes) stay in L2 across the groups.
+  constexpr int64_t kRowChunk = 64;
+  for (int64_t r0 = 0; r0 < M; r0 += kRowChunk) {
+    const int64_t r1 = std::min(M, r0 + kRowChunk);
+    at::parallel_for(0, w.G, 4, [&](int64_t g0, int64_t g1) { qgemm_block(w, a, bias, out, ldo, g0, g1, r0, r1); });
+  }
 }
 
 namespace {

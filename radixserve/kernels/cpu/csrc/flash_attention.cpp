@@ -1,0 +1,280 @@
+// Flash attention on CPU for long query blocks (PREFILL, EXTEND chunks, MIXED's prefill part): tiled,
+// with an online softmax, reading K/V in place from the paged pool (float32 or bfloat16) through the
+// slot table. Op schema: ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
+//
+// Why: scaled_dot_product_attention needs an explicit [ext, seq] mask as soon as a request has a cached
+// prefix (EXTEND, every chunk after the first of a chunked prefill), and with a mask it takes a path
+// about half as fast as its causal one, after a gathered copy of the whole history per layer. Here
+// every mode is one rule (query i of a request sits at position seq_len - ext + i and sees keys 0 ..
+// that position), nothing S x S is ever materialised, and the two products are register-blocked GEMM
+// tiles, so the cost per (query, key) pair stays flat as the prompt grows.
+//
+//   q        [n, H, D]      float32; request b owns rows q_start[b] .. q_start[b] + q_lens[b] - 1
+//   k, v     [S, Hkv, D]    one layer of the KV pool (this step's K/V already written)
+//   kv_idx   [nb, max_len]  int64 slot table;  seq_lens, q_start, q_lens [nb] int64
+//   out      [n, H, D]      float32
+//
+// Work item = (request, kv head, block of kQBlock queries). The G = H / Hkv query heads that share a
+// kv head go together: a block is R = queries x G rows against the same keys, so each K/V tile is
+// gathered (and widened, for bf16) once for all of them. Per key tile of kKBlock keys:
+//   Kt [D][kKBlock] = the tile's keys, transposed;  S = Q . Kt (4 rows x 16 keys in registers)
+//   online softmax per row (running max m, sum l; O rescaled when m grows)
+//   O += P . V (4 rows x 16 dims in registers), V [kKBlock][D] gathered
+// Items are taken longest first from a shared counter: causal blocks differ in cost up to their
+// request's length, so a static split would leave one thread with the late (long) blocks.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "bf16.h"
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kQBlock = 32;  // queries per work item (x G rows)
+constexpr int64_t kKBlock = 64;  // keys per tile
+// the running max before any key: finite, as -ffast-math assumes no infinities (exp of it - m is 0)
+constexpr float kNoMax = -1e30f;
+
+struct Item {
+  int64_t b, h, i0, i1, cost;
+};
+
+struct Scratch {
+  std::vector<float> kt, vt, s, o, m, l;
+};
+
+template <typename T>
+void gather_tiles(const T* kp, const T* vp, const int64_t* idx, int64_t t0, int64_t nk, int64_t row, int64_t off,
+                  int64_t D, float* kt, float* vt) {
+  // kt [D][kKBlock] (transposed keys), vt [kKBlock][D]; keys past nk are zero
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* kr = kp + idx[t0 + j] * row + off;
+    const T* vr = vp + idx[t0 + j] * row + off;
+    for (int64_t d = 0; d < D; ++d) {
+      kt[d * kKBlock + j] = to_f32(kr[d]);
+      vt[j * D + d] = to_f32(vr[d]);
+    }
+  }
+  for (int64_t j = nk; j < kKBlock; ++j) {
+    for (int64_t d = 0; d < D; ++d) kt[d * kKBlock + j] = 0.f;
+    for (int64_t d = 0; d < D; ++d) vt[j * D + d] = 0.f;
+  }
+}
+
+// s [R][kKBlock] = scale * q_rows . kt, rows r = (i - i0) * G + g read from q (row stride D within a head)
+void scores_tile(const float* const* qrows, int64_t R, const float* kt, int64_t D, float scale, float* s) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 sc = _mm256_set1_ps(scale);
+  int64_t r = 0;
+  for (; r + 4 <= R; r += 4) {
+    for (int64_t j = 0; j < kKBlock; j += 16) {
+      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+      const float *q0 = qrows[r], *q1 = qrows[r + 1], *q2 = qrows[r + 2], *q3 = qrows[r + 3];
+      for (int64_t d = 0; d < D; ++d) {
+        const __m256 k0 = _mm256_loadu_ps(kt + d * kKBlock + j), k1 = _mm256_loadu_ps(kt + d * kKBlock + j + 8);
+        __m256 x = _mm256_broadcast_ss(q0 + d);
+        a00 = _mm256_fmadd_ps(x, k0, a00), a01 = _mm256_fmadd_ps(x, k1, a01);
+        x = _mm256_broadcast_ss(q1 + d);
+        a10 = _mm256_fmadd_ps(x, k0, a10), a11 = _mm256_fmadd_ps(x, k1, a11);
+        x = _mm256_broadcast_ss(q2 + d);
+        a20 = _mm256_fmadd_ps(x, k0, a20), a21 = _mm256_fmadd_ps(x, k1, a21);
+        x = _mm256_broadcast_ss(q3 + d);
+        a30 = _mm256_fmadd_ps(x, k0, a30), a31 = _mm256_fmadd_ps(x, k1, a31);
+      }
+      float* o = s + r * kKBlock + j;
+      _mm256_storeu_ps(o, _mm256_mul_ps(a00, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a01, sc));
+      o += kKBlock;
+      _mm256_storeu_ps(o, _mm256_mul_ps(a10, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a11, sc));
+      o += kKBlock;
+      _mm256_storeu_ps(o, _mm256_mul_ps(a20, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a21, sc));
+      o += kKBlock;
+      _mm256_storeu_ps(o, _mm256_mul_ps(a30, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a31, sc));
+    }
+  }
+  for (; r < R; ++r) {
+    for (int64_t j = 0; j < kKBlock; j += 8) {
+      __m256 a = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; ++d) a = _mm256_fmadd_ps(_mm256_broadcast_ss(qrows[r] + d), _mm256_loadu_ps(kt + d * kKBlock + j), a);
+      _mm256_storeu_ps(s + r * kKBlock + j, _mm256_mul_ps(a, sc));
+    }
+  }
+#else
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < kKBlock; ++j) {
+      float a = 0.f;
+      for (int64_t d = 0; d < D; ++d) a += qrows[r][d] * kt[d * kKBlock + j];
+      s[r * kKBlock + j] = a * scale;
+    }
+#endif
+}
+
+// o [R][D] += p [R][kKBlock] . vt [kKBlock][D] over the first nk keys
+void pv_tile(const float* p, int64_t R, const float* vt, int64_t nk, int64_t D, float* o) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 16 == 0) {
+    int64_t r = 0;
+    for (; r + 4 <= R; r += 4) {
+      for (int64_t d = 0; d < D; d += 16) {
+        float* o0 = o + r * D + d;
+        __m256 a00 = _mm256_loadu_ps(o0), a01 = _mm256_loadu_ps(o0 + 8);
+        __m256 a10 = _mm256_loadu_ps(o0 + D), a11 = _mm256_loadu_ps(o0 + D + 8);
+        __m256 a20 = _mm256_loadu_ps(o0 + 2 * D), a21 = _mm256_loadu_ps(o0 + 2 * D + 8);
+        __m256 a30 = _mm256_loadu_ps(o0 + 3 * D), a31 = _mm256_loadu_ps(o0 + 3 * D + 8);
+        const float* p0 = p + r * kKBlock;
+        for (int64_t j = 0; j < nk; ++j) {
+          const __m256 v0 = _mm256_loadu_ps(vt + j * D + d), v1 = _mm256_loadu_ps(vt + j * D + d + 8);
+          __m256 x = _mm256_broadcast_ss(p0 + j);
+          a00 = _mm256_fmadd_ps(x, v0, a00), a01 = _mm256_fmadd_ps(x, v1, a01);
+          x = _mm256_broadcast_ss(p0 + kKBlock + j);
+          a10 = _mm256_fmadd_ps(x, v0, a10), a11 = _mm256_fmadd_ps(x, v1, a11);
+          x = _mm256_broadcast_ss(p0 + 2 * kKBlock + j);
+          a20 = _mm256_fmadd_ps(x, v0, a20), a21 = _mm256_fmadd_ps(x, v1, a21);
+          x = _mm256_broadcast_ss(p0 + 3 * kKBlock + j);
+          a30 = _mm256_fmadd_ps(x, v0, a30), a31 = _mm256_fmadd_ps(x, v1, a31);
+        }
+        _mm256_storeu_ps(o0, a00), _mm256_storeu_ps(o0 + 8, a01);
+        _mm256_storeu_ps(o0 + D, a10), _mm256_storeu_ps(o0 + D + 8, a11);
+        _mm256_storeu_ps(o0 + 2 * D, a20), _mm256_storeu_ps(o0 + 2 * D + 8, a21);
+        _mm256_storeu_ps(o0 + 3 * D, a30), _mm256_storeu_ps(o0 + 3 * D + 8, a31);
+      }
+    }
+    for (; r < R; ++r) {
+      for (int64_t d = 0; d < D; d += 8) {
+        __m256 a = _mm256_loadu_ps(o + r * D + d);
+        for (int64_t j = 0; j < nk; ++j)
+          a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + r * kKBlock + j), _mm256_loadu_ps(vt + j * D + d), a);
+        _mm256_storeu_ps(o + r * D + d, a);
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < nk; ++j) {
+      const float w = p[r * kKBlock + j];
+      for (int64_t d = 0; d < D; ++d) o[r * D + d] += w * vt[j * D + d];
+    }
+}
+
+template <typename T>
+void run_item(const Item& it, const float* qp, const T* kp, const T* vp, const int64_t* idx, int64_t seq_len,
+              int64_t q_len, int64_t q_row0, int64_t H, int64_t G, int64_t D, int64_t row, float scale, float* op,
+              Scratch& w) {
+  const int64_t nq = it.i1 - it.i0, R = nq * G, pos0 = seq_len - q_len;
+  const int64_t last = pos0 + it.i1;  // keys 0 .. last - 1 are visible to some row of the block
+  w.kt.resize(D * kKBlock), w.vt.resize(kKBlock * D), w.s.resize(R * kKBlock), w.o.assign(R * D, 0.f);
+  w.m.assign(R, kNoMax), w.l.assign(R, 0.f);
+  std::vector<const float*> qrows(R);
+  for (int64_t r = 0; r < R; ++r) qrows[r] = qp + ((q_row0 + it.i0 + r / G) * H + it.h * G + r % G) * D;
+  for (int64_t t0 = 0; t0 < last; t0 += kKBlock) {
+    const int64_t nk = std::min(kKBlock, last - t0);
+    gather_tiles(kp, vp, idx, t0, nk, row, it.h * D, D, w.kt.data(), w.vt.data());
+    scores_tile(qrows.data(), R, w.kt.data(), D, scale, w.s.data());
+    for (int64_t r = 0; r < R; ++r) {
+      float* s = w.s.data() + r * kKBlock;
+      // row r is query i = i0 + r / G at position pos0 + i: keys t0 + j <= that position
+      const int64_t visible = std::min(nk, pos0 + it.i0 + r / G + 1 - t0);
+      if (visible <= 0) {  // a whole tile past this row's position (only the block's first rows)
+        for (int64_t j = 0; j < kKBlock; ++j) s[j] = 0.f;
+        continue;
+      }
+      float mx = w.m[r];
+      for (int64_t j = 0; j < visible; ++j) mx = s[j] > mx ? s[j] : mx;
+      const float alpha = std::exp(w.m[r] - mx);
+      float sum = 0.f;
+      for (int64_t j = 0; j < visible; ++j) s[j] = std::exp(s[j] - mx);
+      for (int64_t j = visible; j < kKBlock; ++j) s[j] = 0.f;
+      for (int64_t j = 0; j < visible; ++j) sum += s[j];
+      w.l[r] = w.l[r] * alpha + sum;
+      w.m[r] = mx;
+      if (alpha != 1.f) {
+        float* o = w.o.data() + r * D;
+        for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+      }
+    }
+    pv_tile(w.s.data(), R, w.vt.data(), nk, D, w.o.data());
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const float inv = 1.f / w.l[r];
+    float* orow = op + ((q_row0 + it.i0 + r / G) * H + it.h * G + r % G) * D;
+    const float* o = w.o.data() + r * D;
+    for (int64_t d = 0; d < D; ++d) orow[d] = o[d] * inv;
+  }
+}
+
+}  // namespace
+
+void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
+                      const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens, double scale,
+                      at::Tensor& out) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "extend_attention: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
+                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
+              "extend_attention: q and out float32, k and v both float32 or both bfloat16");
+  TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
+                  q_start.scalar_type() == at::kLong && q_lens.scalar_type() == at::kLong,
+              "extend_attention: kv_idx, seq_lens, q_start and q_lens must be int64");
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous() &&
+                  kv_idx.is_contiguous() && seq_lens.is_contiguous() && q_start.is_contiguous() &&
+                  q_lens.is_contiguous(),
+              "extend_attention: contiguous tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && out.sizes() == q.sizes() && kv_idx.dim() == 2,
+              "extend_attention: bad ranks or shapes");
+  const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1), n = q.size(0);
+  const int64_t H = q.size(1), D = q.size(2), S = k.size(0), Hkv = k.size(1);
+  TORCH_CHECK(seq_lens.numel() == nb && q_start.numel() == nb && q_lens.numel() == nb,
+              "extend_attention: seq_lens, q_start and q_lens need one entry per kv_idx row");
+  TORCH_CHECK(k.size(2) == D && Hkv >= 1 && H % Hkv == 0 && D % 8 == 0, "extend_attention: head layout mismatch");
+  const int64_t G = H / Hkv;
+  const int64_t* ip = kv_idx.data_ptr<int64_t>();
+  const int64_t* lp = seq_lens.data_ptr<int64_t>();
+  const int64_t* sp = q_start.data_ptr<int64_t>();
+  const int64_t* np = q_lens.data_ptr<int64_t>();
+  std::vector<Item> items;
+  for (int64_t b = 0; b < nb; ++b) {
+    TORCH_CHECK(np[b] >= 0 && sp[b] >= 0 && sp[b] + np[b] <= n, "extend_attention: query rows [", sp[b], ", ",
+                sp[b] + np[b], ") of request ", b, " outside q's ", n, " rows");
+    TORCH_CHECK(lp[b] >= np[b] && lp[b] <= max_len, "extend_attention: seq_len ", lp[b], " of request ", b,
+                " outside [", np[b], ", ", max_len, "]");
+    for (int64_t t = 0; t < lp[b]; ++t) {
+      const int64_t slot = ip[b * max_len + t];
+      TORCH_CHECK(slot >= 0 && slot < S, "extend_attention: slot ", slot, " outside the pool of ", S);
+    }
+    for (int64_t i0 = 0; i0 < np[b]; i0 += kQBlock) {
+      const int64_t i1 = std::min(i0 + kQBlock, np[b]);
+      for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, i0, i1, (i1 - i0) * (lp[b] - np[b] + i1)});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& c) { return a.cost > c.cost; });
+  const float fscale = static_cast<float>(scale);
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t row = Hkv * D;
+  std::atomic<int64_t> next{0};
+  const int64_t total = static_cast<int64_t>(items.size());
+  auto work = [&](const auto* kp, const auto* vp) {
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      Scratch w;
+      for (int64_t j = next.fetch_add(1); j < total; j = next.fetch_add(1)) {
+        const Item& it = items[j];
+        run_item(it, qp, kp, vp, ip + it.b * max_len, lp[it.b], np[it.b], sp[it.b], H, G, D, row, fscale, op, w);
+      }
+    });
+  };
+  if (k.scalar_type() == at::kBFloat16) {
+    work(reinterpret_cast<const bf16_t*>(k.data_ptr()), reinterpret_cast<const bf16_t*>(v.data_ptr()));
+  } else {
+    work(k.data_ptr<float>(), v.data_ptr<float>());
+  }
+}
+
+}  // namespace radixserve
+
+TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) { m.impl("extend_attention", &radixserve::extend_attention); }
