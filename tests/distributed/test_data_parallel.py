@@ -33,7 +33,6 @@ from prometheus_client.parser import text_string_to_metric_families
 import radixserve
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
 from radixserve.sampling.sampling_params import SamplingParams
-from tests.distributed.test_tensor_parallel import _tiny
 from tests.server_process import ServerProcess
 
 PROMPTS = [f"Question {i}: what is {i} plus {2 * i + 1}? Answer:" for i in range(64)]
@@ -50,8 +49,8 @@ def dp2():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return _tiny(tmp_path_factory.mktemp("dp"), 4, 2)
+def tiny(tiny_models) -> str:
+    return tiny_models(4, 2)
 
 
 def _tiny_engine(path: str, tokenizer: str, **kw) -> radixserve.Engine:
