@@ -72,7 +72,7 @@ class ParallelState:
         """TP rank `src`'s values of a tensor every rank of the stage holds in the same shape (in place)."""
         if self.tp_size > 1:
             x = x.contiguous()
-            dist.broadcast(x, group=self.group, group_src=src)
+            dist.broadcast(x, src=self.layout.rank_of(self.pp_rank, src), group=self.group)  # src: a world rank
         return x
 
     # ------------------------------------------------------------------ the world (the schedulers)
@@ -117,10 +117,10 @@ class ParallelState:
         return stage_layers(num_layers, self.pp_size, self.pp_rank)
 
     def send_to_next(self, x: torch.Tensor) -> None:
-        dist.send(x.contiguous(), group=self.pp_group, group_dst=self.pp_rank + 1)
+        dist.send(x.contiguous(), dst=self.layout.rank_of(self.pp_rank + 1, self.tp_rank), group=self.pp_group)
 
     def recv_from_prev(self, x: torch.Tensor) -> torch.Tensor:
-        dist.recv(x, group=self.pp_group, group_src=self.pp_rank - 1)
+        dist.recv(x, src=self.layout.rank_of(self.pp_rank - 1, self.tp_rank), group=self.pp_group)
         return x
 
 
