@@ -9,7 +9,6 @@ import argparse
 import json
 import sys
 
-
 # `radixserve bench NAME` -> radixserve.bench.MODULE
 BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "serving-peer": "serving_peer",
               "offline": "offline", "baseline": "baseline", "peer": "peer", "accuracy": "accuracy",
