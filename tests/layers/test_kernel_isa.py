@@ -77,7 +77,9 @@ print("ISA", loaded_isa())
 def test_detected_variant_follows_the_cpu_flags() -> None:
     flags, _ = loader.cpu_info()
     isa = loader.detect_isa()
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags:
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma", "f16c"} <= flags:
+        assert isa == "avx512vnni"
+    elif {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags:
         assert isa == "avx512"
     elif {"avx2", "fma", "f16c"} <= flags:
         assert isa == "avx2"
