@@ -248,8 +248,6 @@ class ServerArgs:
         if self.dp_size > 1 and self.nnodes > 1:
             bad("dp_size", "data parallel across machines (nnodes > 1) is not supported: run one server per "
                 "machine behind a router, or dp_size 1")
-        if self.tp_size > 1 and self.quantization in ("int8", "int4"):
-            bad("quantization", f"{self.quantization} supports tp_size 1 (the low-bit path is single-rank)")
         if self.speculative_algorithm not in (None, "ngram"):
             why = ("draft_model is not implemented yet" if self.speculative_algorithm == "draft_model"
                    else "must be None or ngram")

@@ -139,7 +139,7 @@ class ModelRunner:
         mode = self.server_args.quantization
         if mode != "auto":
             return mode
-        if self.device.type != "cpu" or self.deterministic or self.tp_size > 1:
+        if self.device.type != "cpu" or self.deterministic:
             return "none"
         if model_kind(self.model_path) != "gguf":
             return "none"
@@ -185,9 +185,6 @@ class ModelRunner:
         return self.quantization != "none" and self.quant_max_rows is None
 
     def _quantize_model(self) -> None:
-        if self.tp_size != 1:
-            raise ValueError(f"quantization {self.server_args.quantization}: low-bit weights support tp_size 1 "
-                             f"(got {self.tp_size}); use --quantization none")
         blocks = None
         if self.quantization == "auto":
             from radixserve.model_loader.gguf import gguf_tensor_blocks
