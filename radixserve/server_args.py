@@ -270,8 +270,6 @@ class ServerArgs:
         if self.ranks_per_replica % self.nnodes:
             bad("nnodes", f"tp_size * pp_size ({self.ranks_per_replica}) must be a multiple of nnodes "
                 f"({self.nnodes}): every node runs the same number of ranks")
-        if self.ranks_per_replica > 1 and self.quantization in ("int8", "int4"):
-            bad("quantization", f"{self.quantization} needs tp_size * pp_size == 1 (the low-bit path is single-rank)")
         if self.dist_init_addr is not None:
             try:
                 parse_host_port(self.dist_init_addr)
@@ -312,8 +310,8 @@ class ServerArgs:
 
     @property
     def ranks_per_replica(self) -> int:
-        """Processes one model replica runs on (tp_size * pp_size). The low-bit weights, the native decode
-        stack and `--quantization auto`'s low-bit choice are single-rank: with more, auto means none."""
+        """Processes one model replica runs on (tp_size * pp_size). The native decode stack (CpuGraphRunner)
+        is single-rank: with more, DECODE steps run layer by layer (low-bit weights shard like float ones)."""
         return self.tp_size * self.pp_size
 
     # NOTE: chunking is expressed in whole pages so that a chunk boundary is a page boundary.

@@ -34,7 +34,7 @@ from typing import Any
 
 from radixserve.distributed.parallel_state import ParallelState
 from radixserve.layers.batch_invariant import batch_invariant_enabled, tiled_rows
-from radixserve.layers.quantization.qweight import QuantWeight
+from radixserve.layers.quantization.qweight import QuantRows, QuantWeight
 
 LINEAR_BACKENDS = ("auto", "torch", "onednn")
 
@@ -168,6 +168,26 @@ class PackableLinear(nn.Module):
             self.weight_shape = tuple(self.weight.shape)
         self.weight, self.packed, self.gemm_weight = None, None, None
 
+    def tp_slice(self, shard_id: object = None) -> tuple[int, int, int, int]:
+        """(dim, start, length, dst): this rank's part of checkpoint tensor `shard_id` is
+        loaded.narrow(dim, start, length); it goes to rows dst .. dst + length of the weight (dim 0) or
+        is the whole weight (dim 1). The one sharding rule of a layer: float weights, biases and
+        low-bit copies are all cut by it."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-parallel slicing")
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        dim, start, length, dst = self.tp_slice(shard_id)
+        src = loaded.narrow(dim, start, length)
+        (param.data.narrow(0, dst, length) if dim == 0 else param.data).copy_(src)
+
+    def shard_quant_rows(self, rows: QuantRows, shard_id: object = None, name: str = "weight") -> QuantRows:
+        """This rank's part of a checkpoint tensor's low-bit rows (exact GGUF blocks), cut like the floats."""
+        ps = getattr(self, "ps", None)
+        if ps is None or ps.tp_size == 1:
+            return rows
+        dim, start, length, _ = self.tp_slice(shard_id)
+        return rows.narrow(dim, start, length, name)
+
     def weight_dims(self) -> tuple[int, int]:
         """(out, in) of this rank's weight, packed or not."""
         shape = self.weight_shape if self.weight is None else self.weight.shape
@@ -262,9 +282,9 @@ class ColumnParallelLinear(PackableLinear):
         if self.bias is not None:
             self.bias.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def tp_slice(self, shard_id: object = None) -> tuple[int, int, int, int]:
         n = self.out_per_rank
-        param.data.copy_(loaded.narrow(0, self.ps.tp_rank * n, n))
+        return 0, self.ps.tp_rank * n, n, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -277,11 +297,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(in_features, sum(output_sizes), bias, ps)
         self.sizes_per_rank = [_divide(s, ps.tp_size, "output features") for s in output_sizes]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def tp_slice(self, shard_id: object = None) -> tuple[int, int, int, int]:
         assert isinstance(shard_id, int)
         size = self.sizes_per_rank[shard_id]
-        offset = sum(self.sizes_per_rank[:shard_id])
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.ps.tp_rank * size, size))
+        return 0, self.ps.tp_rank * size, size, sum(self.sizes_per_rank[:shard_id])
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -305,7 +324,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def tp_slice(self, shard_id: object = None) -> tuple[int, int, int, int]:
         rank = self.ps.tp_rank
         if shard_id == "q":
             offset, size, src_rank = 0, self.q_size, rank
@@ -314,7 +333,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             size, src_rank = self.kv_size, rank // self.kv_replicas
         else:
             raise ValueError(f"QKVParallelLinear: unknown shard {shard_id!r}")
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, src_rank * size, size))
+        return 0, src_rank * size, size, offset
 
 
 class RowParallelLinear(PackableLinear):
@@ -328,9 +347,9 @@ class RowParallelLinear(PackableLinear):
         if self.bias is not None:
             self.bias.weight_loader = lambda p, w, s=None: p.data.copy_(w)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def tp_slice(self, shard_id: object = None) -> tuple[int, int, int, int]:
         n = self.in_per_rank
-        param.data.copy_(loaded.narrow(1, self.ps.tp_rank * n, n))
+        return 1, self.ps.tp_rank * n, n, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.ps.all_reduce(self.matmul(x))

@@ -13,6 +13,7 @@ from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
 from radixserve.layers.linear import PackableLinear
+from radixserve.layers.quantization.qweight import QuantRows
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -43,6 +44,14 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     """Same sharding as the embedding (so tied weights share one tensor); used as a matrix."""
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        VocabParallelEmbedding.weight_loader(self, param, loaded, shard_id)
+
+    def shard_quant_rows(self, rows: QuantRows, shard_id: object = None, name: str = "weight") -> QuantRows:
+        """The embedding's vocabulary rows of this rank, zero rows past the vocabulary (padding)."""
+        part = rows.narrow(0, self.start, max(0, min(self.rows_per_rank, rows.q.shape[0] - self.start)), name)
+        return part.pad_rows(self.rows_per_rank)
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # [n, hidden] @ [hidden, V/tp] -> [n, V/tp]

@@ -151,14 +151,12 @@ class ModelRunner:
     # ------------------------------------------------------------------ init
     def _resolve_quantization(self) -> str:
         """--quantization auto -> what this runner will do: the GGUF's own low-bit blocks on a CPU in
-        float32 with the C++ kernels, `none` everywhere else (HF folders, GPUs, deterministic mode, more than
-        one rank: ServerArgs.ranks_per_replica)."""
+        float32 with the C++ kernels, `none` everywhere else (HF folders, GPUs, deterministic mode). Any tp / pp:
+        each rank quantises the shard of the layers it holds."""
         mode = self.server_args.quantization
         if mode != "auto":
             return mode
         if self.device.type != "cpu" or self.deterministic:
-            return "none"
-        if self.server_args.ranks_per_replica > 1:
             return "none"
         if model_kind(self.model_path) != "gguf":
             return "none"

@@ -172,14 +172,14 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head is not None
         return True
 
-    def checkpoint_sources(self, module_name: str) -> list[str]:
+    def checkpoint_sources(self, module_name: str) -> list[tuple[str, object]]:
         """The checkpoint tensors stacked into the weight of `module_name`, in row order (q, k, v for
-        qkv_proj; gate, up for gate_up_proj): what a low-bit copy is built from."""
+        qkv_proj; gate, up for gate_up_proj), each with its shard id: what a low-bit copy is built from."""
         if module_name == "lm_head":
-            return ["model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"]
+            return [("model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight", None)]
         name = module_name + "."
-        parts = [name.replace(ours, ckpt) + "weight" for ckpt, ours, _ in self.stacked_params if ours in name]
-        return parts or [module_name + ".weight"]
+        parts = [(name.replace(ours, ckpt) + "weight", sid) for ckpt, ours, sid in self.stacked_params if ours in name]
+        return parts or [(module_name + ".weight", None)]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters(remove_duplicate=False))

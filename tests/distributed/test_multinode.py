@@ -16,7 +16,7 @@ import pytest
 
 import radixserve
 from tests.distributed.conftest import assert_all_gone, descendants, wait_until
-from tests.managers.driver import greedy, run
+from tests.managers.driver import Finished, compare, greedy, run
 from tests.server_process import ServerProcess, free_port
 
 PROMPTS = {"a": [504, 3575, 282, 4649, 314], "b": [7, 7, 7], "c": list(range(100, 130))}
@@ -59,12 +59,17 @@ def _one_process(sched) -> dict[str, list[int]]:
     return {rid: f.output_ids for rid, f in run(sched, PROMPTS, greedy(GREEDY["max_new_tokens"])).items()}
 
 
-def test_pp2_over_two_launches_serves_like_one_and_a_killed_rank_stops_both(make_scheduler) -> None:
-    want = _one_process(make_scheduler())
-    node0, node1 = _nodes(["--pp-size", "2", "--quantization", "none", "--max-total-tokens", "4096"])
+def test_pp2_over_two_launches_serves_like_one_and_a_killed_rank_stops_both(fast_runner) -> None:
+    """Default settings: low-bit weights, each stage quantising its own layers (one process decodes with the
+    native stack, the stages layer by layer: a divergence is excused only at a near-tie)."""
+    from radixserve.managers.scheduler import Scheduler
+
+    want = run(Scheduler(fast_runner.server_args, model_runner=fast_runner), PROMPTS, greedy(GREEDY["max_new_tokens"]))
+    node0, node1 = _nodes(["--pp-size", "2", "--max-total-tokens", "4096"])
     try:
         everything = descendants(node0.proc.pid) + descendants(node1.proc.pid)
-        assert _generate(node0) == want
+        got = {rid: Finished(ids) for rid, ids in _generate(node0).items()}
+        assert compare(want, got) <= 1
         victim = _ranks(node1)
         assert len(victim) == 1 and len(_ranks(node0)) == 1
         t0 = time.monotonic()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 import radixserve
 
@@ -16,7 +17,8 @@ PROMPTS = ["The capital of France is", "A radix tree is", "List three colours:"]
 
 
 def _engine(**kw):
-    return radixserve.Engine(check_invariants=True, quantization="none", show_progress=False, **kw)
+    kw.setdefault("quantization", "none")
+    return radixserve.Engine(check_invariants=True, show_progress=False, **kw)
 
 
 def test_default_model_at_tp3_matches_one_process(make_scheduler, tokenizer) -> None:
@@ -38,14 +40,15 @@ def test_default_model_at_tp3_matches_one_process(make_scheduler, tokenizer) -> 
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a)
 
 
-@pytest.mark.parametrize("tp,heads,kv_heads", [(2, 4, 2), (4, 8, 2)])
-def test_tiny_models_split_or_replicate_kv_heads(tiny_models, default_model_path, tp, heads, kv_heads) -> None:
+@pytest.mark.parametrize("tp,heads,kv_heads,quant", [(2, 4, 2, "none"), (4, 8, 2, "none"), (2, 4, 2, "int8")])
+def test_tiny_models_split_or_replicate_kv_heads(tiny_models, default_model_path, tp, heads, kv_heads, quant) -> None:
+    """int8: the low-bit weights (and their kernels) shard like the float ones."""
     path = tiny_models(heads, kv_heads)  # SmolLM2's vocabulary, its tokenizer
     ids = [[5, 17, 99, 3, 42], [7, 7, 7]]
     outs = {}
     for size in (1, tp):
         with _engine(model_path=path, tokenizer_path=default_model_path, tp_size=size, max_total_tokens=512,
-                     num_threads=1) as eng:
+                     num_threads=1, **({} if quant == "none" else {"quantization": quant})) as eng:
             outs[size] = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "temperature": 0.0,
                                                                       "ignore_eos": True}, return_logprob=True)
             # a constrained request: every rank compiles its grammar and they agree on when it is ready
@@ -67,8 +70,31 @@ def test_sizes_that_do_not_divide_are_refused() -> None:
 def test_server_args_bounds() -> None:
     from radixserve.server_args import ServerArgs
 
-    for kw, field in (({"tp_size": 10**6}, "tp_size"), ({"tp_size": 0}, "tp_size"),
-                      ({"tp_size": 2, "quantization": "int4"}, "quantization")):
+    for kw, field in (({"tp_size": 10**6}, "tp_size"), ({"tp_size": 0}, "tp_size")):
         with pytest.raises(ValueError, match=field):
             ServerArgs(**kw)
-    ServerArgs(tp_size=3)  # auto quantization resolves to none at tp > 1
+    ServerArgs(tp_size=3, quantization="int4")  # low-bit weights shard like the float ones
+
+
+def test_low_bit_shards_are_the_float_shards(default_model_path) -> None:
+    """--quantization auto at tp 3: each rank's low-bit copy is cut from the file's own blocks by the
+    layer's tp_slice (the rule its float weights are loaded by), so it dequantises to exactly the float
+    shard the rank holds: column (qkv with q and kv heads, gate/up), row (o, down: K split on block
+    boundaries) and vocabulary-parallel (the tied LM head). Built in-process: loading needs no group."""
+    from radixserve.distributed.parallel_state import ParallelState
+    from radixserve.layers.linear import PackableLinear
+    from radixserve.layers.quantization.plan import quantize_model
+    from radixserve.model_loader import get_model_config, iterate_weights
+    from radixserve.model_loader.gguf import gguf_tensor_blocks
+    from radixserve.models.registry import get_model_class
+
+    cfg = get_model_config(default_model_path)
+    blocks = gguf_tensor_blocks(default_model_path)
+    for rank in (0, 2):
+        model = get_model_class(cfg.architecture)(cfg, ParallelState(tp_rank=rank, tp_size=3))
+        model.load_weights(iterate_weights(default_model_path))
+        report = quantize_model(model, "auto", model.checkpoint_sources, lambda m: m.weight, blocks)
+        assert report.counts == {"Q4_1": 4 * 30, "Q8_0": 1} and not report.requantized
+        for name, mod in model.named_modules():
+            if isinstance(mod, PackableLinear):
+                assert torch.equal(mod.qweight.dequantize(), mod.weight), (rank, name)

@@ -9,7 +9,8 @@
     csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h)
 
 The variant is chosen at run time from what *this* CPU reports (/proc/cpuinfo flags), never from
-what the build machine had: `avx512` (AVX-512 F/BW/VL/DQ), `avx2` (AVX2 + FMA) or `generic`
+what the build machine had: `avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the integer dot products of the
+low-bit kernels in one instruction), `avx512` (AVX-512 F/BW/VL/DQ), `avx2` (AVX2 + FMA) or `generic`
 (the portable C++ loops, no vector extensions beyond the x86-64 baseline). RADIXSERVE_CPU_ISA
 forces a variant the CPU supports (the tests run the lower ones that way; asking for one the CPU
 lacks is a ValueError naming the missing features). Each variant is compiled with explicit
@@ -45,6 +46,8 @@ HEADERS = sorted(os.path.join(_CSRC, f) for f in os.listdir(_CSRC) if f.endswith
 
 # best first: (name, CPU flags it needs, compiler flags)
 ISAS: list[tuple[str, frozenset[str], list[str]]] = [
+    ("avx512vnni", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma", "f16c"}),
+     ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"]),
     ("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}),
      ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"]),
     ("avx2", frozenset({"avx2", "fma", "f16c"}), ["-mavx2", "-mfma", "-mf16c"]),

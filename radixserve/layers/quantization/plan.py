@@ -59,13 +59,13 @@ def _target_kind(qtype: str) -> int | None:
 def quantize_model(
     model: nn.Module,
     mode: str,
-    sources: Callable[[str], list[str]],
+    sources: Callable[[str], list[tuple[str, object]]],
     dense: Callable[[nn.Module], torch.Tensor],
     gguf_blocks: dict[str, tuple[str, torch.Tensor | None]] | None = None,
 ) -> QuantReport:
     """Give every PackableLinear of `model` its QuantWeight (or none) for `mode`.
 
-    sources(module_name) -> the checkpoint tensor names stacked into it, in row order;
+    sources(module_name) -> the checkpoint tensors stacked into it, in row order, as (name, shard id);
     dense(module) -> its float weight [out, in] (before packing frees it);
     gguf_blocks: gguf_tensor_blocks() of the file, for `auto` on a GGUF model (None otherwise).
     """
@@ -92,14 +92,15 @@ def quantize_model(
     return report
 
 
-def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[str], dense: Callable[[nn.Module], torch.Tensor],
+def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[tuple[str, object]],
+              dense: Callable[[nn.Module], torch.Tensor],
               gguf_blocks: dict[str, tuple[str, torch.Tensor | None]] | None, report: QuantReport) -> QuantWeight | None:
     if mode == "int8":
         return QuantWeight.quantize(dense(mod), QKIND_Q8_0, name)
     if mode == "int4":
         return QuantWeight.quantize(dense(mod), QKIND_Q4_1, name)
     assert gguf_blocks is not None
-    entries = [gguf_blocks.get(s) for s in srcs]
+    entries = [gguf_blocks.get(s) for s, _ in srcs]
     if not entries or any(e is None for e in entries):
         return None  # not from the file (should not happen): keep float
     kinds = [_target_kind(qt) for qt, _ in entries]  # type: ignore[misc]
@@ -108,7 +109,9 @@ def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[str], dense: Call
     want = QKIND_Q8_0 if QKIND_Q8_0 in kinds or None in kinds else QKIND_Q4_1
     exact = all(rows is not None and _EXACT.get(qt) == want for qt, rows in entries)  # type: ignore[misc]
     if exact:
-        parts = [QuantRows.from_gguf_blocks(qt, rows) for qt, rows in entries]  # type: ignore[misc]
+        # the file's blocks, cut for this tensor-parallel rank by the layer's own rule (tp_slice)
+        parts = [mod.shard_quant_rows(QuantRows.from_gguf_blocks(qt, rows), sid, name)  # type: ignore[misc]
+                 for (qt, rows), (_, sid) in zip(entries, srcs)]  # type: ignore[misc]
         return QuantWeight.from_rows(QuantRows.cat(parts))
     types = "+".join(sorted({qt for qt, _ in entries}))  # type: ignore[misc]
     logger.info("quantization auto: %s (%s) has no exact packed kernel: re-quantised to %s",

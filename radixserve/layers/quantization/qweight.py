@@ -92,6 +92,30 @@ class QuantRows:
         q = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, nb * QBLOCK)
         return QuantRows(QKIND_Q4_1, q, scale, mins)
 
+    def narrow(self, dim: int, start: int, length: int, name: str = "weight") -> QuantRows:
+        """A tensor-parallel shard: rows (dim 0, output features) or whole 32-blocks of columns (dim 1,
+        input features: a row-parallel layer's K split must fall on block boundaries)."""
+        if dim == 0:
+            return QuantRows(self.kind, self.q[start : start + length], self.d[start : start + length],
+                             None if self.m is None else self.m[start : start + length])
+        if start % QBLOCK or length % QBLOCK:
+            raise ValueError(f"quantization: layer {name} splits its in_features at [{start}, {start + length}) "
+                             f"across tensor-parallel ranks, not on the kernels' {QBLOCK}-wide blocks")
+        b0, nb = start // QBLOCK, length // QBLOCK
+        return QuantRows(self.kind, self.q[:, start : start + length], self.d[:, b0 : b0 + nb],
+                         None if self.m is None else self.m[:, b0 : b0 + nb])
+
+    def pad_rows(self, n: int) -> QuantRows:
+        """Zero rows up to n (a vocabulary padded to a multiple of tp_size): they compute 0."""
+        extra = n - self.q.shape[0]
+        if extra <= 0:
+            return self
+
+        def z(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros(extra, t.shape[1])])
+
+        return QuantRows(self.kind, z(self.q), z(self.d), None if self.m is None else z(self.m))
+
     @staticmethod
     def cat(parts: list[QuantRows]) -> QuantRows:
         """Stack several matrices of the same kind along N (q/k/v into qkv, gate/up into gate_up)."""

@@ -38,6 +38,12 @@ inline int32_t load_i32(const void* p) {
 // (per-row accumulators, same order), so a row's result never depends on how many rows share the call.
 constexpr int kTileRows = 4;
 
+// AVX512-VNNI (the avx512vnni variant): vpdpbusd multiplies 4 unsigned x signed byte pairs and adds
+// them into an int32 lane in one instruction, replacing maddubs + madd (+ add) with identical sums.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define RS_VNNI 1
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__)
 // out8[r] = sum over the blocks of group g of (activation row r0 + r) . (8 weight rows), r < R
 template <int R>
@@ -70,7 +76,11 @@ inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, _
           // |x| (unsigned) x sign(w, x): the products of x . w. A pair sum reaches 2 * 127^2, so each
           // maddubs widens to int32 on its own (two would overflow int16)
           const __m256i x = _mm256_set1_epi32(load_i32(xq[r] + o)), ax = _mm256_set1_epi32(load_i32(xa[r] + o));
+#ifdef RS_VNNI
+          s32[r] = _mm256_dpbusd_epi32(s32[r], ax, _mm256_sign_epi8(wt, x));  // the same 4 products, one op
+#else
           s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wt, x)), ones));
+#endif
         }
       }
       const __m256 d8 = _mm256_loadu_ps(dg + b * kQRows);
@@ -92,13 +102,23 @@ inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, _
           const int8_t* xb = xq[r] + b * kQBlock + 8 * t;
           // nibbles are unsigned: a pair sum is at most 2 * 15 * 127 = 3810, so the 8 of a block
           // (30480) still fit int16 and widen once per block
+#ifdef RS_VNNI
+          // int32 lanes directly: the same integer sums as maddubs + madd below, so the same bits
+          p[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(p[r], lo, _mm256_set1_epi32(load_i32(xb))), hi,
+                                     _mm256_set1_epi32(load_i32(xb + 4)));
+#else
           p[r] = _mm256_add_epi16(p[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xb))),
                                                          _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xb + 4)))));
+#endif
         }
       }
       const __m256 d8 = _mm256_loadu_ps(dg + b * kQRows), m8 = _mm256_loadu_ps(mg + b * kQRows);
       for (int r = 0; r < R; ++r) {
+#ifdef RS_VNNI
+        const __m256 sum = _mm256_cvtepi32_ps(p[r]);
+#else
         const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
+#endif
         acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
         acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[r][b]), acc[r]);  // the Q4_1 min term
       }
