@@ -22,22 +22,47 @@ def _engine(**kw):
 
 
 def test_default_model_at_tp3_matches_one_process(make_scheduler, tokenizer) -> None:
-    from tests.managers.driver import greedy, run
+    """20 prompts x 32 tokens, exact mode: batched at tp 3 (with --check-invariants: every step's digest
+    equal on all ranks) they give what each gives alone in one process (near-tie rule); the first
+    position's logprobs agree within 1e-4; a second round over the same prefixes hits the radix cache
+    on every rank and still gives the same tokens."""
+    from tests.managers.driver import compare, greedy, run
 
-    sched = make_scheduler()
-    want = run(sched, {f"p{i}": tokenizer.encode(p, add_special_tokens=False) for i, p in enumerate(PROMPTS)},
-               greedy(12))
+    shared = ("You are a helpful assistant. Answer briefly and precisely, in plain English, without "
+              "lists or headings. Question: ")
+    texts = PROMPTS + ["Why is the sky blue?", "Name a prime number.", "What is a kernel?", "Describe rain.",
+                       "Who wrote Hamlet?", "What is 7 times 8?", "Define entropy.", "Say hello in French."]
+    texts += [shared + q for q in ("What is a cache?", "What is a tree?", "What is a GPU?", "What is RAM?",
+                                   "What is a page?", "What is a token?", "What is a batch?", "What is a step?",
+                                   "What is a radix?")]
+    prompts = {f"p{i:02d}": tokenizer.encode(t, add_special_tokens=False) for i, t in enumerate(texts)}
+    assert len(prompts) == 20
+    # one process, all at once (tests/managers/test_batch_invariance.py: the same tokens as each alone)
+    alone = run(make_scheduler(disable_radix_cache=True), prompts, greedy(32))
+    params = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
     with _engine(tp_size=3, max_total_tokens=4096, context_length=512) as eng:
-        got = eng.generate(PROMPTS, sampling_params={"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True},
-                           return_logprob=True, top_logprobs_num=2)
+        first = eng.generate(input_ids=list(prompts.values()), sampling_params=params, return_logprob=True,
+                             top_logprobs_num=2)
+        again = eng.generate(input_ids=list(prompts.values())[-9:], sampling_params={**params, "max_new_tokens": 6})
         info = eng.get_server_info()
     assert info["max_total_num_tokens"] >= 4095
-    for i, out in enumerate(got):
-        ref = want[f"p{i}"]
-        assert out["output_ids"][:8] == ref.output_ids[:8], PROMPTS[i]
+    got = {rid: _finished(out) for rid, out in zip(prompts, first)}
+    print(f"tp 3, 20 batched: {compare(alone, got)} near-tie divergences excused")
+    for rid, out in zip(prompts, first):
         # first position: the gathered logits agree with one process to float32 summation order
-        a, b = dict(out["meta_info"]["output_top_logprobs"][0]), dict(ref.top2[0])
-        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a)
+        a, b = dict(out["meta_info"]["output_top_logprobs"][0]), dict(alone[rid].top2[0])
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 for k in a), rid
+    assert all(out["meta_info"]["cached_tokens"] >= 20 for out in again)  # the shared prefix, from the tree
+    cut = {rid: _finished({"output_ids": alone[rid].output_ids[:6]}) for rid in list(prompts)[-9:]}
+    for rid in cut:
+        cut[rid].top2 = alone[rid].top2
+    compare(cut, {rid: _finished(o) for rid, o in zip(cut, again)})
+
+
+def _finished(out: dict):
+    from tests.managers.driver import Finished
+
+    return Finished(output_ids=out["output_ids"])
 
 
 @pytest.mark.parametrize("tp,heads,kv_heads,quant", [(2, 4, 2, "none"), (4, 8, 2, "none"), (2, 4, 2, "int8")])
