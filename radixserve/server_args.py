@@ -24,6 +24,7 @@ MAX_TP_SIZE = 64
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral")  # function_call/tool_parser.py
+SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,14 @@ class ServerArgs:
     dist_init_addr: str | None = _knob(None, "host:port of rank 0 for torch.distributed")
     # --- speculative decoding ---
     speculative_algorithm: str | None = _knob(
-        None, "None | ngram: prompt-lookup drafts from each request's own tokens, verified in one TARGET_VERIFY "
-        "forward (greedy requests without penalties / logit_bias / logprobs; output identical to plain greedy). "
-        "draft_model is not implemented yet (refused)"
+        None, "None | ngram | draft_model: speculative decoding. ngram drafts from each request's own tokens "
+        "(prompt lookup), draft_model from --speculative-draft-model-path; the target verifies each request's "
+        "drafts in one TARGET_VERIFY forward with the rejection rule, so outputs follow its distribution "
+        "exactly (greedy and seeded: token for token what plain decoding gives)"
+    )
+    speculative_draft_model_path: str | None = _knob(
+        None, "draft_model: a smaller model with the target's tokenizer (GGUF file or Hugging Face folder); it "
+        "gets its own KV pool (as many tokens as the target's, plus drafts)"
     )
     # 3 drafts + the last token = 4 verified rows: the most the low-bit few-row path takes (QUANT_MAX_ROWS)
     speculative_num_draft_tokens: int = _knob(3, "most draft tokens verified per request per step (1..16)")
@@ -205,13 +211,18 @@ class ServerArgs:
             bad("tp_size", f"must be <= {MAX_TP_SIZE}, got {self.tp_size}")
         if self.tp_size > 1 and self.quantization in ("int8", "int4"):
             bad("quantization", f"{self.quantization} supports tp_size 1 (the low-bit path is single-rank)")
-        if self.speculative_algorithm not in (None, "ngram"):
-            why = ("draft_model is not implemented yet" if self.speculative_algorithm == "draft_model"
-                   else "must be None or ngram")
-            bad("speculative_algorithm", f"{why}, got {self.speculative_algorithm!r}")
-        if self.speculative_algorithm is not None and self.page_size != 1:
-            # rejected drafts free single slots; a page is freed whole
-            bad("speculative_algorithm", f"needs page_size 1, got {self.page_size}")
+        if isinstance(self.speculative_algorithm, str) and self.speculative_algorithm.lower() == "none":
+            object.__setattr__(self, "speculative_algorithm", None)  # the CLI spells None as a string
+        if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            bad("speculative_algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, got {self.speculative_algorithm!r}")
+        if self.speculative_algorithm == "draft_model" and not self.speculative_draft_model_path:
+            bad("speculative_draft_model_path", "speculative_algorithm draft_model needs a draft model path")
+        if self.speculative_draft_model_path and self.speculative_algorithm != "draft_model":
+            bad("speculative_draft_model_path", "is only used with speculative_algorithm draft_model, got "
+                f"{self.speculative_algorithm!r}")
+        if self.speculative_algorithm == "draft_model" and self.tp_size > 1:
+            # each rank would draw its own drafts; the draft runner is single-rank
+            bad("speculative_algorithm", f"draft_model supports tp_size 1 (got {self.tp_size})")
         if not 1 <= self.speculative_ngram_min_match_window <= self.speculative_ngram_max_match_window <= 64:
             bad("speculative_ngram_min_match_window", "need 1 <= min <= max <= 64, got "
                 f"{self.speculative_ngram_min_match_window} / {self.speculative_ngram_max_match_window}")

@@ -2,9 +2,10 @@
 
 Two paths, chosen per request once per step in init_forward_metadata():
 
-  batched  requests whose query block has the same small length L (DECODE: L = 1,
-           TARGET_VERIFY: L = k + 1, the decodes inside a MIXED batch). Their histories are
-           gathered into one padded tensor and attended in one call:
+  batched  requests whose query block has the same small length L (DECODE: L = 1, the decodes
+           inside a MIXED batch; TARGET_VERIFY: every verified row as a one-token query of its
+           own, see _verify_rows). Their histories are gathered into one padded tensor and
+           attended in one call:
                kv_indices [nb, max_len] = req_to_token[req_pool_indices, :max_len]
                mask       [nb, 1, L, max_len]: key j visible to query i iff j <= prefix_len + i
   ragged   requests with a long query block (PREFILL, EXTEND chunks). One call each, because
@@ -69,7 +70,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         if mode.is_idle() or fb.batch_size == 0:
             fb.attn_metadata = TorchNativeMetadata(None, [])
             return
-        if mode.is_decode() or mode.is_target_verify():
+        if mode.is_target_verify():
+            fb.attn_metadata = TorchNativeMetadata(self._verify_rows(fb), [])
+            return
+        if mode.is_decode():
             batched_rows = list(range(fb.batch_size))
         elif mode.is_mixed():
             batched_rows = [i for i, e in enumerate(ext) if e == 1 and pre[i] > 0]
@@ -102,6 +106,30 @@ class TorchNativeAttnBackend(AttentionBackend):
             starts[r] == j * q_len for j, r in enumerate(rows)
         )
         return BatchedPart(token_idx, q_len, kv_indices, mask, seq_lens.contiguous(), all_rows)
+
+    def _verify_rows(self, fb: ForwardBatch) -> BatchedPart:
+        """TARGET_VERIFY: each verified row attends as a one-token DECODE at its own position.
+
+        Requests verify different numbers of drafts (0 .. k), so their query blocks differ in length;
+        a row of a block is causal, i.e. row j of a request sees keys 0 .. prefix_len + j of the
+        request's KV row (its history, the drafts before it, itself: all written before attention).
+        That is exactly the DECODE step plain decoding would run at that position, so one L = 1 call
+        over all rows serves every width, and each row's attention is that of the decode step:
+
+            request A (2 drafts)  rows a0 a1 a2  ->  3 queries on A's slot row, seq_lens p+1 p+2 p+3
+            request B (0 drafts)  row  b0        ->  1 query on B's slot row,  seq_len  q+1
+        """
+        n = fb.input_ids.shape[0]
+        req_of_row = torch.repeat_interleave(torch.arange(fb.batch_size, device=self.device), fb.extend_seq_lens)  # [n]
+        seq_lens = (fb.positions + 1).contiguous()  # [n] keys each row sees
+        max_len = max(fb.seq_lens_cpu)
+        # [n, max_len] each row's request's slot row
+        kv_indices = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[req_of_row], :max_len].contiguous()
+        mask = None
+        if self.batched_mask:
+            key_pos = torch.arange(max_len, device=self.device)
+            mask = (key_pos.view(1, max_len) < seq_lens.view(n, 1)).view(n, 1, 1, max_len)  # [n, 1, 1, max_len]
+        return BatchedPart(torch.arange(n, device=self.device), 1, kv_indices, mask, seq_lens, True)
 
     def _ragged_item(self, fb: ForwardBatch, i: int, start: int) -> RaggedItem:
         ext, pre = fb.extend_seq_lens_cpu[i], fb.extend_prefix_lens_cpu[i]
