@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-model-path", default=None, help="draft_model's draft (default: the target itself)")
     p.add_argument("--temperatures", default="0,0.7", help="comma-separated; > 0 samples with a seed per request")
     p.add_argument("--workloads", default="copy,passage,fresh", help="comma-separated: " + ", ".join(WORKLOADS))
+    p.add_argument("--num-prompts", type=int, default=None, help="at most this many prompts per workload")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     return p
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None, runner: Any = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if not 1 <= args.max_new_tokens <= 4096:
         raise SystemExit("--max-new-tokens must be in 1..4096")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise SystemExit("--num-prompts must be >= 1")
     algorithms = [a for a in args.algorithms.split(",") if a]
     workloads = [w for w in args.workloads.split(",") if w]
     temperatures = [float(t) for t in args.temperatures.split(",") if t]
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None, runner: Any = None) -> dict[str, Any]:
     scheds = {algo: scheduler(algo) for algo in [None, *algorithms]}
     rows = []
     for name in workloads:
-        prompts = [tok.encode(t, add_special_tokens=False) for t in WORKLOADS[name]]
+        prompts = [tok.encode(t, add_special_tokens=False) for t in WORKLOADS[name][: args.num_prompts]]
         for temp in temperatures:
             o0, s0, t0, _ = _decode_run(scheds[None], prompts, args.max_new_tokens, temp)
             for algo in algorithms:

@@ -329,11 +329,10 @@ class Scheduler:
         next_ids = sample.next_token_ids.tolist()
         in_logprobs = result.logits_output.input_token_logprobs
         verify = batch.forward_mode.is_target_verify()
-        rows = SpecWorker.row_starts(batch) if verify else None
         for i, req in enumerate(batch.reqs):
             try:
                 if verify:
-                    self.spec_worker.process_verify_one(self, batch, i, req, sample, rows[i], next_ids)
+                    self.spec_worker.process_verify_one(self, batch, i, req, sample, next_ids)
                 else:
                     self._process_one(batch, i, req, next_ids[i], sample, in_logprobs, prefilled)
             except Exception as e:  # one request's bad output must not stop the others

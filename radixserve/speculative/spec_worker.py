@@ -29,11 +29,13 @@ verified row is computed by the same kernels as the decode step it replaces.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
 from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.layers.linear import QUANT_MAX_ROWS
+from radixserve.managers.schedule_batch import OutOfKVSlots
 from radixserve.speculative.ngram import NgramProposer
 from radixserve.speculative.spec_info import Draft
 
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
     from radixserve.speculative.proposer import DraftProposer
 
+
+logger = logging.getLogger(__name__)
 
 RETRY_AFTER_STEPS = 8
 
@@ -149,22 +153,21 @@ class SpecWorker:
         if sched.allocator.available_size() < need:
             return False
         drafts = self.proposer.propose(batch.reqs, lens)
-        if not any(d.tokens for d in drafts):
-            return False
-        batch.prepare_for_verify(drafts)  # fits: drafts are no longer than lens
-        return True
-
-    @staticmethod
-    def row_starts(batch: ScheduleBatch) -> list[int]:
-        """First verified row of each request of a TARGET_VERIFY batch."""
-        starts, row = [], 0
-        for p, s in zip(batch.prefix_lens, batch.seq_lens):
-            starts.append(row)
-            row += s - p
-        return starts
+        try:
+            if any(d.tokens for d in drafts):
+                batch.prepare_for_verify(drafts)  # fits: drafts are no longer than lens
+                return True
+        except OutOfKVSlots:  # cannot happen after the check above; if it does, the step just decodes
+            logger.warning("no KV slots for the drafts after all; decoding this step")
+        for r in batch.reqs:  # whatever the proposer built on these drafts is undone
+            r.spec_draft = Draft()
+            self.proposer.on_verified(r, 0)
+        return False
 
     def process_verify_one(self, sched: Scheduler, batch: ScheduleBatch, i: int, req: Req, sample: SampleOutput,
-                           row: int, next_ids: list[int]) -> None:
+                           next_ids: list[int]) -> None:
+        """Request i of a TARGET_VERIFY batch: its rows start after the rows of the requests before it."""
+        row = sum(s - p for p, s in zip(batch.prefix_lens[:i], batch.seq_lens[:i]))
         alloc_len = batch.seq_lens[i]
         req.kv_len = alloc_len
         if req.finished():

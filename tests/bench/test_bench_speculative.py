@@ -11,8 +11,8 @@ from tests.bench.helpers import read_json
 
 def test_copy_workload_smoke(fast_runner, tmp_path):
     out = tmp_path / "spec.json"
-    res = speculative.main(["--workloads", "copy", "--max-new-tokens", "6", "--temperatures", "0,0.7",
-                            "--json", str(out)], runner=fast_runner)
+    res = speculative.main(["--workloads", "copy", "--num-prompts", "2", "--max-new-tokens", "8",
+                            "--temperatures", "0,0.7", "--json", str(out)], runner=fast_runner)
     rows = res["rows"]
     assert read_json(out)["rows"] == rows
     assert {(r["algorithm"], r["temperature"]) for r in rows} == {
@@ -25,6 +25,6 @@ def test_copy_workload_smoke(fast_runner, tmp_path):
 
 
 def test_bad_arguments_are_refused():
-    for argv in (["--algorithms", "eagle"], ["--workloads", "nope"], ["--max-new-tokens", "0"]):
+    for argv in (["--algorithms", "eagle"], ["--workloads", "nope"], ["--max-new-tokens", "0"], ["--num-prompts", "0"]):
         with pytest.raises(SystemExit):
             speculative.main(argv, runner=object())

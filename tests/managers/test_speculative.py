@@ -50,6 +50,13 @@ def prompts(tokenizer) -> dict[str, list[int]]:
     return {f"p{i}": tokenizer.encode(t, add_special_tokens=False) for i, t in enumerate(TEXTS)}
 
 
+@pytest.fixture(scope="module")
+def det_want(det_runner, prompts) -> dict[str, list[int]]:
+    """Plain greedy decoding of the 30 prompts batched, in deterministic mode: what every batched run must
+    give, whatever its page size, radix cache or batch composition."""
+    return _run(_sched(det_runner, max_running_requests=32), prompts, GREEDY)[0]
+
+
 def _sched(runner, algo: str | None = None, draft: str | None = None, **overrides):
     """A scheduler on `runner`'s weights with invariant checks on; draft_model defaults to the runner's
     own model file as its draft."""
@@ -112,23 +119,21 @@ def test_greedy_alone_is_identical(fast_runner, prompts) -> None:
         assert metas["p0"]["spec_verify_ct"] > 0 and metas["p0"]["spec_accept_length"] > 1.5
 
 
-def test_greedy_batched_page16_no_radix_is_identical(det_runner, prompts) -> None:
+def test_greedy_batched_page16_no_radix_is_identical(det_runner, det_want, prompts) -> None:
     kw = {"page_size": 16, "disable_radix_cache": True, "max_running_requests": 32}
-    want, _ = _run(_sched(det_runner, **kw), prompts, GREEDY)
     for algo in ALGOS:
         spec = _sched(det_runner, algo, **kw)
         got, _ = _run(spec, prompts, GREEDY)
-        assert got == want, algo
+        assert got == det_want, algo
         _assert_no_leaks(spec)
         assert spec.get_server_info()["spec_verify_ct"] > 30
 
 
-def test_greedy_with_a_mostly_rejected_draft_is_identical(det_runner, prompts, tiny_llama) -> None:
+def test_greedy_with_a_mostly_rejected_draft_is_identical(det_runner, det_want, prompts, tiny_llama) -> None:
     draft = tiny_llama()  # random weights, SmolLM2's vocabulary: its drafts are mostly wrong
-    want, _ = _run(_sched(det_runner, max_running_requests=32), prompts, GREEDY)
     spec = _sched(det_runner, "draft_model", draft=draft, max_running_requests=32)
     got, _ = _run(spec, prompts, GREEDY)
-    assert got == want
+    assert got == det_want
     _assert_no_leaks(spec)
     info = spec.get_server_info()
     assert info["spec_verify_ct"] > 0 and info["spec_accept_length"] < 2.0, info
@@ -168,27 +173,50 @@ def test_retraction_and_aborts_leak_nothing(tiny_llama, default_model_path, algo
     _assert_no_leaks(spec)
 
 
-@pytest.mark.parametrize("algo", ALGOS)
-def test_stop_rules_hold_inside_an_accepted_run(fast_runner, prompts, tokenizer, algo) -> None:
+def test_stop_rules_hold_inside_an_accepted_run(fast_runner, prompts, tokenizer) -> None:
     p0 = {"p0": prompts["p0"]}
-    want, _ = _run(_sched(fast_runner), p0, SamplingParams(temperature=0.0, max_new_tokens=40))
+    plain = _sched(fast_runner)
+    want, _ = _run(plain, p0, SamplingParams(temperature=0.0, max_new_tokens=24))
     text = tokenizer.decode(want["p0"])
     stop = text[len(text) // 2 : len(text) // 2 + 6]  # a string the output reaches mid-way
+    specs = {algo: _sched(fast_runner, algo) for algo in ALGOS}
     for params in (SamplingParams(temperature=0.0, max_new_tokens=7),
-                   SamplingParams(temperature=0.0, max_new_tokens=40, stop=[stop]),
-                   SamplingParams(temperature=0.0, max_new_tokens=40, stop_token_ids=[want["p0"][9]])):
-        a, ma = _run(_sched(fast_runner), p0, params)
-        b, mb = _run(_sched(fast_runner, algo), p0, params)
-        assert a == b and ma["p0"]["finish_reason"] == mb["p0"]["finish_reason"], params
-        assert len(b["p0"]) <= params.max_new_tokens and mb["p0"]["spec_verify_ct"] > 0
+                   SamplingParams(temperature=0.0, max_new_tokens=24, stop=[stop]),
+                   SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=[want["p0"][9]])):
+        a, ma = _run(plain, p0, params)
+        for algo, spec in specs.items():
+            b, mb = _run(spec, p0, params)
+            assert a == b and ma["p0"]["finish_reason"] == mb["p0"]["finish_reason"], (algo, params)
+            assert len(b["p0"]) <= params.max_new_tokens and mb["p0"]["spec_verify_ct"] > 0
+    for spec in specs.values():
+        _assert_no_leaks(spec)
 
 
-def test_every_request_takes_part_and_gets_what_plain_decoding_gives(fast_runner, det_runner, prompts,
-                                                                     tokenizer) -> None:
+def test_trace_shows_drafts_and_what_was_kept(fast_runner, prompts, tmp_path) -> None:
+    import json
+
+    from radixserve.debug.inspect import inspect_trace
+
+    path = tmp_path / "trace.jsonl"
+    spec = _sched(fast_runner, "draft_model", trace_batches=str(path))
+    _, metas = _run(spec, {"p0": prompts["p0"]}, GREEDY)
+    spec.tracer.close()
+    verify = [json.loads(line)["schedule"] for line in path.read_text().splitlines()]
+    verify = [s for s in verify if s["mode"] == "TARGET_VERIFY"]
+    assert len(verify) == metas["p0"]["spec_verify_ct"]
+    kept = sum(s["spec_accept_lens"][0] for s in verify)
+    assert kept + len(verify) == round(metas["p0"]["spec_accept_length"] * len(verify))
+    assert all(0 <= s["spec_accept_lens"][0] <= len(s["spec_drafts"][0]) for s in verify)
+    summary = inspect_trace(str(path))
+    assert summary["spec_accepted"] == kept and summary["spec_drafts"] >= kept
+
+
+def test_every_request_takes_part_and_gets_what_plain_decoding_gives(fast_runner, prompts, tokenizer) -> None:
     """Penalties, logit_bias and min_new_tokens are computed per verified position over a history holding
     the drafts before it, seeded draws use the step's own stream, logprobs come per row: with point-mass
     drafts (ngram) every request gets exactly its plain tokens; with sampled drafts (draft_model,
-    temperature > 0) a seeded request's tokens are reproducible."""
+    temperature > 0) a seeded request's tokens are reproducible. Alone and in pairs: steps of <= 4 rows, all
+    on the low-bit path, with speculation or without."""
     eos = tokenizer.eos_token_id
     params = {
         "p0": SamplingParams(temperature=0.7, max_new_tokens=16, seed=3),
@@ -198,17 +226,20 @@ def test_every_request_takes_part_and_gets_what_plain_decoding_gives(fast_runner
         "p8": SamplingParams(temperature=0.0, max_new_tokens=16, min_new_tokens=12, stop_token_ids=[eos]),
     }
     sub = {rid: prompts[rid] for rid in params}
-    for runner, batch in ((fast_runner, ["p0"]), (fast_runner, ["p6"]), (det_runner, list(sub))):  # alone, together
+    plain, spec = _sched(fast_runner), _sched(fast_runner, "ngram")
+    for batch in (["p0"], ["p6", "p12"], ["p2", "p8"]):
         part = {rid: sub[rid] for rid in batch}
-        want, mw = _run(_sched(runner), part, params, logprobs=True)
-        got, mg = _run(_sched(runner, "ngram"), part, params, logprobs=True)
+        want, mw = _run(plain, part, params, logprobs=True)
+        got, mg = _run(spec, part, params, logprobs=True)
         assert got == want, batch
         for rid in batch:
             assert all(abs(a - b) < 1e-4 for a, b in zip(mg[rid]["logprobs"], mw[rid]["logprobs"])), rid
         assert any(m.get("spec_verify_ct") for m in mg.values())
-    sampled = {"p0": params["p0"]}
-    runs = [_run(_sched(fast_runner, "draft_model"), {"p0": prompts["p0"]}, sampled) for _ in range(2)]
+    _assert_no_leaks(spec)
+    draft = _sched(fast_runner, "draft_model", disable_radix_cache=True)  # the second run prefills like the first
+    runs = [_run(draft, {"p0": prompts["p0"]}, {"p0": params["p0"]}) for _ in range(2)]
     assert runs[0][0] == runs[1][0] and runs[0][1]["p0"]["spec_verify_ct"] > 0
+    _assert_no_leaks(draft)
 
 
 def test_server_args_bounds(tiny_llama, fast_runner) -> None:

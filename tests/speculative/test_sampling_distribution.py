@@ -22,7 +22,7 @@ from tests.speculative.chi_square import counts, goodness_of_fit, same_distribut
 
 V = 16
 PROMPT = [3, 7, 1, 12, 5, 3, 7, 1, 12, 5, 3, 7]  # it repeats itself: prompt lookup finds drafts
-N = 1200
+N = 800
 PASS = 1e-3
 
 
