@@ -89,8 +89,12 @@ def test_mixed_batch_equals_requests_run_separately(runner, prompt):
     hb.release_all()
 
 
-def test_target_verify_equals_single_decode_steps(runner, prompt):
-    # three requests verifying different numbers of drafts (4, none: a plain one-row member, 2)
+@pytest.mark.parametrize("backend", ["auto", "torch_native"])
+def test_target_verify_equals_single_decode_steps(runner, make_runner, prompt, backend):
+    # three requests verifying different numbers of drafts (4, none: a plain one-row member, 2); the
+    # paged kernel takes each row as a one-token query, SDPA one padded block per request
+    if backend != "auto":
+        runner = make_runner(page_size=runner.server_args.page_size, max_total_tokens=2048, attention_backend=backend)
     hb = HandBatch(runner)
     ref = full_prefill(hb, prompt)
     widths = [5, 1, 3]
