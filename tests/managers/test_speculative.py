@@ -139,6 +139,26 @@ def test_greedy_with_a_mostly_rejected_draft_is_identical(det_runner, det_want, 
     assert info["spec_verify_ct"] > 0 and info["spec_accept_length"] < 2.0, info
 
 
+def test_a_failing_verify_fails_only_its_request(fast_runner, prompts) -> None:
+    """A verify forward that raises is bisected like any step: the request it is pinned on gets an error,
+    the others go on unchanged, and neither pool keeps anything of it."""
+    part = {rid: prompts[rid] for rid in ("p0", "p1", "p7")}
+    want, _ = _run(_sched(fast_runner), part, GREEDY)
+    spec = _sched(fast_runner, "draft_model")
+    run_batch = spec.run_batch
+
+    def failing(batch):
+        if batch.forward_mode.is_target_verify() and any(r.rid == "p1" for r in batch.reqs):
+            raise RuntimeError("injected verify failure")
+        return run_batch(batch)
+
+    spec.run_batch = failing
+    got, metas = _run(spec, part, GREEDY)
+    assert metas["p1"]["finish_reason"]["type"] == "abort" and spec.stats["num_failed_reqs"] == 1
+    assert got["p0"] == want["p0"] and got["p7"] == want["p7"]
+    _assert_no_leaks(spec)
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_retraction_and_aborts_leak_nothing(tiny_llama, default_model_path, algo) -> None:
     """A pool too small for the batch retracts requests; three are aborted mid-run (a verify in flight
