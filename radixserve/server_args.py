@@ -28,6 +28,7 @@ QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/pla
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral")  # function_call/tool_parser.py
+SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class ServerArgs:
     )
     disable_cpu_graph: bool = _knob(
         False, "run DECODE steps layer by layer in Python instead of the native decoder stack (CpuGraphRunner, "
-        "used with low-bit weights for steps of <= 4 rows); for debugging and comparison"
+        "used with low-bit weights for the steps they run); for debugging and comparison"
     )
     enable_deterministic_inference: bool = _knob(
         False, "batch-invariant execution: greedy and seeded requests get bit-identical tokens and logprobs "
@@ -157,9 +158,14 @@ class ServerArgs:
     )
     # --- speculative decoding ---
     speculative_algorithm: str | None = _knob(
-        None, "None | ngram: prompt-lookup drafts from each request's own tokens, verified in one TARGET_VERIFY "
-        "forward (greedy requests without penalties / logit_bias / logprobs; output identical to plain greedy). "
-        "draft_model is not implemented yet (refused)"
+        None, "None | ngram | draft_model: speculative decoding. ngram drafts from each request's own tokens "
+        "(prompt lookup), draft_model from --speculative-draft-model-path; the target verifies each request's "
+        "drafts in one TARGET_VERIFY forward with the rejection rule, so outputs follow its distribution "
+        "exactly (greedy and seeded: token for token what plain decoding gives)"
+    )
+    speculative_draft_model_path: str | None = _knob(
+        None, "draft_model: a smaller model with the target's tokenizer (GGUF file or Hugging Face folder); it "
+        "gets its own KV pool (as many tokens as the target's, plus drafts)"
     )
     # 3 drafts: ~3 tokens accepted per verify on copy-heavy text (bench speculative), little waste elsewhere
     speculative_num_draft_tokens: int = _knob(3, "most draft tokens verified per request per step (1..16)")
@@ -281,13 +287,19 @@ class ServerArgs:
             bad("dist_timeout", f"must be in [5, 86400] seconds, got {self.dist_timeout}")
         if not 1 <= self.dist_init_timeout <= 3600:
             bad("dist_init_timeout", f"must be in [1, 3600] seconds, got {self.dist_init_timeout}")
-        if self.speculative_algorithm not in (None, "ngram"):
-            why = ("draft_model is not implemented yet" if self.speculative_algorithm == "draft_model"
-                   else "must be None or ngram")
-            bad("speculative_algorithm", f"{why}, got {self.speculative_algorithm!r}")
-        if self.speculative_algorithm is not None and self.page_size != 1:
-            # rejected drafts free single slots; a page is freed whole
-            bad("speculative_algorithm", f"needs page_size 1, got {self.page_size}")
+        if isinstance(self.speculative_algorithm, str) and self.speculative_algorithm.lower() == "none":
+            object.__setattr__(self, "speculative_algorithm", None)  # the CLI spells None as a string
+        if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            bad("speculative_algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, got {self.speculative_algorithm!r}")
+        if self.speculative_algorithm == "draft_model" and not self.speculative_draft_model_path:
+            bad("speculative_draft_model_path", "speculative_algorithm draft_model needs a draft model path")
+        if self.speculative_draft_model_path and self.speculative_algorithm != "draft_model":
+            bad("speculative_draft_model_path", "is only used with speculative_algorithm draft_model, got "
+                f"{self.speculative_algorithm!r}")
+        if self.speculative_algorithm == "draft_model" and self.ranks_per_replica > 1:
+            # each rank would draw its own drafts; the draft runner is single-rank
+            bad("speculative_algorithm", f"draft_model supports one rank per replica (got tp_size {self.tp_size}, "
+                f"pp_size {self.pp_size})")
         if not 1 <= self.speculative_ngram_min_match_window <= self.speculative_ngram_max_match_window <= 64:
             bad("speculative_ngram_min_match_window", "need 1 <= min <= max <= 64, got "
                 f"{self.speculative_ngram_min_match_window} / {self.speculative_ngram_max_match_window}")

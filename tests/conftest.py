@@ -87,3 +87,28 @@ def make_scheduler(model_runner):
         return Scheduler(args, model_runner=ModelRunner(args, model=model_runner.model))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny random-weight Llama saved once per session as a Hugging Face folder (no tokenizer: pair it
+    with tokenizer_path=the default model): make(vocab_size, seed, init_std) -> its path. SmolLM2's
+    vocabulary (49152) makes it a draft for the default model; a small one (16) makes distributions that
+    a chi-square test can check with a few thousand samples."""
+    made: dict[tuple[int, int, float], str] = {}
+
+    def make(vocab_size: int = 49152, seed: int = 0, init_std: float = 0.02) -> str:
+        key = (vocab_size, seed, init_std)
+        if key not in made:
+            import transformers
+
+            torch.manual_seed(seed)
+            cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           max_position_embeddings=512, initializer_range=init_std)
+            path = tmp_path_factory.mktemp(f"tiny-llama-{vocab_size}-{seed}")
+            transformers.LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+            made[key] = str(path)
+        return made[key]
+
+    return make

@@ -1,7 +1,7 @@
 """RunnerDriver: drive a real ModelRunner step by step, doing by hand what the scheduler does.
 
-It takes request rows from `req_to_token_pool` and KV slots from `token_to_kv_pool_allocator`,
-writes the rows, builds a `ModelWorkerBatch` and calls `forward_batch_generation`, so every
+It takes request rows and KV slots through RequestSlots (the scheduler's own allocation helper),
+builds a `ModelWorkerBatch` and calls `forward_batch_generation`, so every
 timed step goes through `ForwardBatch.init_new`, the attention backend's metadata, the model and
 the sampler — the whole execution layer, and nothing of the scheduler.
 
@@ -20,6 +20,7 @@ import random
 
 import torch
 
+from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from radixserve.model_executor.model_runner import GenerationBatchResult, ModelRunner
 from radixserve.sampling.sampling_params import SamplingParams
@@ -30,6 +31,7 @@ GREEDY = SamplingParams(temperature=0.0)
 class RunnerDriver:
     def __init__(self, runner: ModelRunner, seed: int = 0) -> None:
         self.runner = runner
+        self.request_slots = RequestSlots(runner.req_to_token_pool, runner.token_to_kv_pool_allocator)
         self.rows: dict[int, int] = {}  # row -> tokens whose KV is written
         self.rng = random.Random(seed)
         # Random token ids avoid the lowest ids, where tokenizers keep their special tokens.
@@ -40,7 +42,7 @@ class RunnerDriver:
         return [self.rng.randrange(self.vocab_lo, self.runner.model_config.vocab_size) for _ in range(n)]
 
     def new_row(self) -> int:
-        row = self.runner.req_to_token_pool.alloc()
+        row = self.request_slots.take_row()
         if row is None:
             raise RuntimeError("no free request row: raise max_running_requests")
         self.rows[row] = 0
@@ -51,46 +53,33 @@ class RunnerDriver:
 
     def truncate(self, row: int, length: int) -> None:
         """Free the row's KV past `length` (undo decode steps, keep the context)."""
-        n = self.rows[row]
-        # NOTE: the allocator frees whole pages; a cut inside a page would free live slots.
-        if length and length % self.runner.token_to_kv_pool_allocator.page_size:
-            raise ValueError("truncate inside a page: run the benchmarks with page_size 1")
-        if length < n:
-            self.runner.token_to_kv_pool_allocator.free(
-                self.runner.req_to_token_pool.req_to_token[row, length:n].clone())
-            self.runner.req_to_token_pool.req_to_token[row, length:n] = 0
+        if length < self.rows[row]:
+            self.request_slots.truncate(row, length, self.rows[row])
             self.rows[row] = length
 
     def release(self, row: int) -> None:
-        self.truncate(row, 0)
-        del self.rows[row]
-        self.runner.req_to_token_pool.free(row)
+        self.request_slots.free_row(row, 0, self.rows.pop(row))
 
     def release_all(self) -> None:
         for row in list(self.rows):
             self.release(row)
 
-    def _alloc(self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]) -> torch.Tensor:
-        locs = self.runner.token_to_kv_pool_allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+    def _alloc(self, rows: list[int], prefix_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+        locs = self.request_slots.alloc(rows, prefix_lens, seq_lens)
         if locs is None:
             raise RuntimeError(
                 f"KV pool too small ({self.runner.token_to_kv_pool_allocator.available_size()} slots free, "
                 f"{sum(seq_lens) - sum(prefix_lens)} needed): raise --max-total-tokens")
+        for row, s in zip(rows, seq_lens):
+            self.rows[row] = s
         return locs
 
     # ------------------------------------------------------------------ steps
     def step(self, items: list[tuple[int, list[int]]], mode: ForwardMode) -> GenerationBatchResult:
         """One forward: items are (row, new token ids); each row's prefix is what it already holds."""
-        rtt = self.runner.req_to_token_pool.req_to_token
         prefix_lens = [self.rows[row] for row, _ in items]
         seq_lens = [p + len(new) for p, (_, new) in zip(prefix_lens, items)]
-        last_locs = [int(rtt[row, p - 1]) if p else 0 for (row, _), p in zip(items, prefix_lens)]
-        locs = self._alloc(prefix_lens, seq_lens, last_locs)
-        off = 0
-        for (row, new), p in zip(items, prefix_lens):
-            self.runner.req_to_token_pool.write(row, p, locs[off : off + len(new)])
-            off += len(new)
-            self.rows[row] = p + len(new)
+        locs = self._alloc([row for row, _ in items], prefix_lens, seq_lens)
         mwb = ModelWorkerBatch(
             forward_mode=mode,
             input_ids=[t for _, new in items for t in new],
@@ -116,9 +105,7 @@ class RunnerDriver:
         out = []
         for _ in range(num_rows):
             row = self.new_row()
-            locs = self._alloc([0], [length], [0])
-            self.runner.req_to_token_pool.write(row, 0, locs)
-            self.rows[row] = length
+            locs = self._alloc([row], [0], [length])
             for layer in range(pool.num_layers):
                 k_buf, v_buf = pool.get_kv_buffer(layer)
                 k_buf[locs] = k_buf[src]

@@ -16,7 +16,7 @@ def _short(xs: list[Any], n: int = 8) -> str:
 def inspect_trace(path: str, limit: int | None = None, show_tokens: bool = False) -> dict[str, Any]:
     modes: Counter[str] = Counter()
     tokens: Counter[str] = Counter()
-    steps = 0
+    steps = drafted = accepted = 0
     with open(path) as f:
         for line in f:
             rec = json.loads(line)
@@ -24,6 +24,9 @@ def inspect_trace(path: str, limit: int | None = None, show_tokens: bool = False
             s, fw, res = rec["schedule"], rec["forward"], rec["result"]
             modes[fw["forward_mode"]] += 1
             tokens[fw["forward_mode"]] += len(fw["input_ids"])
+            if s.get("spec_drafts") is not None:
+                drafted += sum(len(d) for d in s["spec_drafts"])
+                accepted += sum(s["spec_accept_lens"])
             if limit is not None and steps > limit:
                 continue
             print(f"step {rec['step']}: {s['mode']} bs={fw['batch_size']} tokens={len(fw['input_ids'])}")
@@ -35,7 +38,12 @@ def inspect_trace(path: str, limit: int | None = None, show_tokens: bool = False
             if show_tokens:
                 print(f"            input_ids={_short(fw['input_ids'], 16)}")
                 print(f"            out_cache_loc={_short(fw['out_cache_loc'], 16)}")
+            if s.get("spec_drafts") is not None:  # TARGET_VERIFY: drafts per request and how many were kept
+                print(f"  verify:   drafts={_short([len(d) for d in s['spec_drafts']])} "
+                      f"accepted={_short(s['spec_accept_lens'])}")
             print(f"  result:   next_token_ids={_short(res['next_token_ids'])}")
     summary = {"steps": steps, "steps_by_mode": dict(modes), "tokens_by_mode": dict(tokens)}
+    if drafted:
+        summary["spec_drafts"], summary["spec_accepted"] = drafted, accepted
     print(json.dumps(summary, indent=2))
     return summary

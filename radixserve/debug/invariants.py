@@ -103,3 +103,5 @@ class InvariantChecker:
         free_rows = set(s.req_to_token_pool.free_slots)
         if live_rows & free_rows or len(live_rows) + len(free_rows) != s.req_to_token_pool.size:
             raise InvariantError(f"req_to_token rows: {len(live_rows)} live + {len(free_rows)} free != {s.req_to_token_pool.size}")
+        if s.spec_worker is not None:  # a draft model's own pool: every slot free or held by a running request
+            s.spec_worker.check_memory(s.running_batch.reqs)

@@ -49,6 +49,7 @@ class StepRecord:
     kv_cached: int
     new_token_ratio: float
     spec_drafts: list[list[int]] | None  # TARGET_VERIFY: each request's drafts
+    spec_accept_lens: list[int] | None  # TARGET_VERIFY: how many of them were kept
     forward_mode: ForwardMode  # the ForwardBatch's mode (equals `mode`; both shown, as the seed's order checks)
     batch_size: int
     num_tokens: int  # query tokens of the forward (len(input_ids))
@@ -64,13 +65,14 @@ class StepRecord:
         fb = result.forward_batch
         mode = batch.forward_mode
         num_tokens = fb.input_ids.shape[0]
-        spec_drafts = None
+        spec_drafts = spec_accepted = None
         # NOTE: identity tests on the enum members, not is_*() calls: this runs every step.
         if mode is ForwardMode.DECODE:
             num_prefill = 0
         elif mode is ForwardMode.TARGET_VERIFY:
             num_prefill = 0
-            spec_drafts = [list(r.spec_draft) for r in batch.reqs]
+            spec_drafts = [list(r.spec_draft.tokens) for r in batch.reqs]
+            spec_accepted = result.sample_output.accept_lens
         elif mode is ForwardMode.MIXED:  # the extend requests come first (ScheduleBatch.num_extend_reqs)
             k = batch.num_extend_reqs
             num_prefill = sum(batch.seq_lens[:k]) - sum(batch.prefix_lens[:k])
@@ -78,11 +80,11 @@ class StepRecord:
             num_prefill = num_tokens
         chunked = sched.chunked_req
         waiting = sched.waiting_queue
-        return cls(  # positional: half the cost of keywords for 22 fields
+        return cls(  # positional: half the cost of keywords for 23 fields
             step, time.time(), mode, [r.rid for r in batch.reqs], batch.prefix_lens[:], batch.seq_lens[:],
             chunked.rid if chunked is not None else None, len(waiting), len(sched.running_batch.reqs),
             sched.wait_reason if waiting else None, sched.allocator.available_size(),
-            sched.tree_cache.total_size(), sched.new_token_ratio, spec_drafts, fb.forward_mode, fb.batch_size,
+            sched.tree_cache.total_size(), sched.new_token_ratio, spec_drafts, spec_accepted, fb.forward_mode, fb.batch_size,
             num_tokens, num_prefill, *timing,
         )
 
@@ -104,8 +106,10 @@ class StepRecord:
                 "kv_available": self.kv_available,
                 "kv_cached": self.kv_cached,
                 "new_token_ratio": round(self.new_token_ratio, 4),
-                # TARGET_VERIFY: each request's drafts (what was accepted shows in the next step's prefix_lens)
+                # TARGET_VERIFY: each request's drafts and how many of them the rejection rule kept (a
+                # request produced accepted + 1 tokens, fewer if a stop rule ended it inside the run)
                 "spec_drafts": self.spec_drafts,
+                "spec_accept_lens": self.spec_accept_lens,
             },
             "forward": {
                 "forward_mode": self.forward_mode.name,

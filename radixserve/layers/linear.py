@@ -106,7 +106,7 @@ class PackableLinear(nn.Module):
 
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
-    qweight: QuantWeight | None = None  # the low-bit copy for few-row steps (layers/quantization/)
+    qweight: QuantWeight | None = None  # the low-bit copy (layers/quantization/; which steps: LowBitMode)
     # the float GEMM's dtype when it differs from the activations' (CPU bf16: float32 activations,
     # bf16 weights and GEMM on AMX); None = the input's own dtype
     gemm_dtype: torch.dtype | None = None

@@ -4,7 +4,7 @@ Which rows get logits depends on the mode (the LM head is the single largest mat
 model, so computing it for every prompt token would dominate prefill):
 
     DECODE          every row (one per request)
-    TARGET_VERIFY   every row (k + 1 per request: each draft position is checked)
+    TARGET_VERIFY   every row (1 + its drafts per request: each draft position is checked)
     PREFILL/EXTEND  the last row of each request    rows = extend_start_loc + extend_seq_lens - 1
     MIXED           the same rule (a decode request's only row is its last)
 """

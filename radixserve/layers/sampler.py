@@ -195,9 +195,9 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     return chunk * size + _inverse_cdf(inside, uniforms[:, 1])
 
 
-def _draw(x: torch.Tensor, info: SamplingBatchInfo, uniforms: torch.Tensor, row: int | None) -> torch.Tensor:
-    """Temperature, softmax weights, filters and the inverse-CDF draw for processed logits x
-    [n, vocab] (edited in place): all rows of the batch (row None), or x = the batch's row `row`."""
+def _weights(x: torch.Tensor, info: SamplingBatchInfo, row: int | None) -> torch.Tensor:
+    """Temperature, softmax weights (unnormalised) and filters for processed logits x [n, vocab]
+    (edited in place and returned): all rows of the batch (row None), or x = the batch's row `row`."""
     rows = slice(None) if row is None else slice(row, row + 1)
     # Greedy rows hold temperature 1.0, so this never divides by zero.
     x.div_(info.temperatures[rows])
@@ -211,7 +211,12 @@ def _draw(x: torch.Tensor, info: SamplingBatchInfo, uniforms: torch.Tensor, row:
             info.top_ps[rows] if info.need_top_p else None,
             info.min_ps[rows] if info.need_min_p else None,
         )
-    return sample_from_probs(probs, uniforms)  # [n]
+    return probs
+
+
+def _draw(x: torch.Tensor, info: SamplingBatchInfo, uniforms: torch.Tensor, row: int | None) -> torch.Tensor:
+    """The inverse-CDF draw from _weights(x, info, row) -> [n] int64."""
+    return sample_from_probs(_weights(x, info, row), uniforms)  # [n]
 
 
 # ---------------------------------------------------------------------- module
@@ -241,3 +246,29 @@ class Sampler(torch.nn.Module):
         if greedy_ids is not None:
             next_ids = torch.where(info.is_greedy, greedy_ids, next_ids)
         return next_ids
+
+    def probs(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo) -> torch.Tensor:
+        """The distribution forward() draws each row from, normalised: [bs, vocab] float32 (a greedy
+        row is one-hot at its argmax). Speculative decoding needs it explicitly: a draft model's q,
+        the target's p in the rejection rule (layers/rejection_sampler.py)."""
+        info = sampling_info
+        x = logits.to(torch.float32, copy=True)  # [bs, vocab]
+        info.apply_logits_processing(x)
+        greedy_ids = torch.argmax(x, dim=-1) if info.any_greedy else None  # [bs]
+        if batch_invariant_enabled() and x.shape[0] > 1:  # per row, as forward() does
+            probs = torch.cat([_weights(x[i : i + 1], info, i) for i in range(x.shape[0])])
+        else:
+            probs = _weights(x, info, None)
+        probs.div_(probs.sum(dim=-1, keepdim=True))
+        if greedy_ids is not None:
+            rows = info.is_greedy.nonzero().squeeze(1)
+            probs[rows] = 0.0
+            probs[rows, greedy_ids[rows]] = 1.0
+        return probs
+
+    def sample_with_probs(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [bs], probs [bs, vocab]): each row drawn from exactly the probs returned with it."""
+        probs = self.probs(logits, sampling_info)
+        uniforms = draw_uniforms(probs.shape[0], sampling_info.seeded_rows, probs.device)  # [bs, 2]
+        return sample_from_probs(probs, uniforms), probs

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.speculative.spec_info import Draft
 
 
 @dataclass
@@ -77,12 +78,13 @@ class Req:
     # Stop strings are checked on decoded text; only the tail can contain a new match.
     stop_check_len: int = 0
 
-    # speculative decoding (speculative/spec_worker.py): the n-gram index over this request's tokens,
-    # its current draft length, the drafts of the verify step in flight, and what verification gave
-    spec_index: Any = None
-    spec_draft_len: int = 0
+    # speculative decoding (speculative/): the proposer's state for this request (an n-gram index, or
+    # its row in the draft model's pool), its current draft length, the drafts of the verify step in
+    # flight, and what verification gave (verify forwards in which it had drafts, tokens they produced)
+    spec_state: Any = None
+    spec_draft_len: int = -1  # -1: not set yet (the first verify step starts at the maximum)
     spec_retry_in: int = 0  # steps until a request whose draft length fell to 0 tries one token again
-    spec_draft: list[int] = field(default_factory=list)
+    spec_draft: Draft = field(default_factory=Draft)
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
 

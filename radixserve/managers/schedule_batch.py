@@ -29,8 +29,10 @@ from radixserve.managers.req import Req
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
+from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.speculative.spec_info import Draft, VerifyInput
 
 
 class OutOfKVSlots(RuntimeError):
@@ -60,19 +62,16 @@ class ScheduleBatch:
         return len(self.reqs)
 
     # ------------------------------------------------------------------ slots
-    def _alloc(self, prefix_lens: list[int], seq_lens: list[int], last_locs: list[int]) -> torch.Tensor:
-        ps = self.allocator.page_size
-        need = ps * sum(-(-s // ps) - (-(-p // ps)) for p, s in zip(prefix_lens, seq_lens))
-        if self.allocator.available_size() < need:
-            self.tree_cache.evict(need - self.allocator.available_size())
-        out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+    def __post_init__(self) -> None:
+        self.slots = RequestSlots(self.req_to_token_pool, self.allocator)
+
+    def _alloc(self, reqs: list[Req], prefix_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+        """Slots for positions [prefix_len, seq_len) of each request, written into its row; the tree
+        is evicted first if the pool is short."""
+        out = self.slots.alloc([r.req_pool_idx for r in reqs], prefix_lens, seq_lens, self.tree_cache.evict)
         if out is None:
             raise OutOfKVSlots(f"no KV slots for {sum(seq_lens) - sum(prefix_lens)} tokens")
         return out
-
-    def _last_locs(self, prefix_lens: list[int]) -> list[int]:
-        rtt = self.req_to_token_pool.req_to_token
-        return [int(rtt[r.req_pool_idx, p - 1]) if p > 0 else 0 for r, p in zip(self.reqs, prefix_lens)]
 
     # ------------------------------------------------------------------ prepare
     def prepare_for_extend(self) -> None:
@@ -91,7 +90,7 @@ class ScheduleBatch:
                     self.req_to_token_pool.write(req.req_pool_idx, 0, req.prefix_indices)
             self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
             self.seq_lens = [len(r.fill_ids) for r in self.reqs]
-            self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
+            self.out_cache_loc = self._alloc(self.reqs, self.prefix_lens, self.seq_lens)
         except OutOfKVSlots:
             for req in new_rows:  # leave the pools exactly as they were
                 self.req_to_token_pool.free(req.req_pool_idx)
@@ -100,21 +99,13 @@ class ScheduleBatch:
         for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
             r.extend_input_len = s - p
         self.input_ids = [t for r, p in zip(self.reqs, self.prefix_lens) for t in r.fill_ids[p:]]
-        self._write_rows(self.reqs, self.prefix_lens, self.seq_lens, self.out_cache_loc)
         if all(p == 0 for p in self.prefix_lens):
             self.forward_mode = ForwardMode.PREFILL
         self.num_extend_reqs = len(self.reqs)
 
-    def _write_rows(self, reqs: list[Req], prefix_lens: list[int], seq_lens: list[int], locs: torch.Tensor) -> None:
-        offset = 0
-        for r, p, s in zip(reqs, prefix_lens, seq_lens):
-            self.req_to_token_pool.write(r.req_pool_idx, p, locs[offset : offset + s - p])
-            offset += s - p
-
     def decode_slots_needed(self) -> int:
         """Slots (in whole pages) the next decode step takes from the allocator."""
-        ps = self.allocator.page_size
-        return sum(ps for r in self.reqs if (r.seqlen - 1) % ps == 0)
+        return self.slots.slots_needed([r.seqlen - 1 for r in self.reqs], [r.seqlen for r in self.reqs])
 
     def prepare_for_decode(self) -> None:
         """One new token per request: the last sampled one is written at position seqlen - 1."""
@@ -122,48 +113,51 @@ class ScheduleBatch:
         self.input_ids = [r.output_ids[-1] for r in self.reqs]
         self.seq_lens = [r.seqlen for r in self.reqs]
         self.prefix_lens = [s - 1 for s in self.seq_lens]
-        self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
-        rtt = self.req_to_token_pool.req_to_token
-        rows = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64)
-        rtt[rows, torch.tensor(self.prefix_lens, dtype=torch.int64)] = self.out_cache_loc
+        self.out_cache_loc = self._alloc(self.reqs, self.prefix_lens, self.seq_lens)
         self.num_extend_reqs = 0
 
-    def prepare_for_verify(self, drafts: list[list[int]]) -> None:
-        """TARGET_VERIFY: each request's last sampled token and its drafts, padded to one width L.
+    def prepare_for_verify(self, drafts: list[Draft]) -> None:
+        """TARGET_VERIFY: each request's last sampled token followed by its own drafts (0 .. k of them;
+        a request without drafts is a one-row member, computed exactly as its DECODE step would be).
 
-        Padding repeats the request's last token; a padded position is verified like a draft, so it
-        can only be accepted if it is the target's own next token (which keeps the output exact).
-        Slots are allocated for all L positions; the scheduler frees the rejected ones after
-        verification (release_rejected), so the KV and the radix cache only hold verified tokens."""
+        Slots are allocated for every verified position; after verification the scheduler gives back
+        those past the tokens produced (release_rejected), so the KV and the radix cache only ever hold
+        verified tokens. Row layout (speculative/spec_info.py VerifyInput):
+
+            request A, 2 drafts:  [t_last d_1 d_2]   request B, none: [t_last]   C, 1 draft: [t_last d_1]
+        """
         self.forward_mode = ForwardMode.TARGET_VERIFY
         grammars = [r.grammar for r in self.reqs]
         # a constrained request's draft stops before its first token the grammar rejects
-        drafts = [d if g is None else valid_draft_prefix(g, d) for g, d in zip(grammars, drafts)]
-        width = 1 + max(len(d) for d in drafts)
+        drafts = [d if g is None else d.cut(len(valid_draft_prefix(g, d.tokens))) for g, d in zip(grammars, drafts)]
+        widths = [1 + len(d.tokens) for d in drafts]
         self.spec_vocab_mask = None
         if any(g is not None for g in grammars):
             first = next(g for g in grammars if g is not None)
-            self.spec_vocab_mask = new_bitmask(len(self.reqs) * width, first.vocab_size)
-            for i, (g, d) in enumerate(zip(grammars, drafts)):
+            self.spec_vocab_mask = new_bitmask(sum(widths), first.vocab_size)
+            row = 0
+            for g, d, w in zip(grammars, drafts, widths):
                 if g is not None:
-                    fill_draft_masks(g, d, self.spec_vocab_mask, i * width)
+                    fill_draft_masks(g, d.tokens, self.spec_vocab_mask, row)
+                row += w
         self.input_ids = []
         for r, d in zip(self.reqs, drafts):
-            r.spec_draft = list(d)
-            pad = [r.output_ids[-1]] * (width - 1 - len(d))
-            self.input_ids += [r.output_ids[-1], *d, *pad]
+            r.spec_draft = d
+            self.input_ids += [r.output_ids[-1], *d.tokens]
         self.prefix_lens = [r.seqlen - 1 for r in self.reqs]
-        self.seq_lens = [p + width for p in self.prefix_lens]
-        self.out_cache_loc = self._alloc(self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens))
-        self._write_rows(self.reqs, self.prefix_lens, self.seq_lens, self.out_cache_loc)
+        self.seq_lens = [p + w for p, w in zip(self.prefix_lens, widths)]
+        self.out_cache_loc = self._alloc(self.reqs, self.prefix_lens, self.seq_lens)
         self.num_extend_reqs = 0
 
+    def verify_slots_needed(self, draft_lens: list[int]) -> int:
+        """Slots (in whole pages) prepare_for_verify takes for drafts of these lengths."""
+        prefix = [r.seqlen - 1 for r in self.reqs]
+        return self.slots.slots_needed(prefix, [p + 1 + k for p, k in zip(prefix, draft_lens)])
+
     def release_rejected(self, req: Req, alloc_len: int) -> None:
-        """Free the slots a verify step wrote past the request's verified tokens (seqlen - 1)."""
+        """Give back the slots a verify step allocated past the request's verified tokens (seqlen - 1)."""
         keep = req.seqlen - 1
-        if alloc_len > keep:
-            slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, keep:alloc_len].clone()
-            self.allocator.free(slots)
+        self.slots.truncate(req.req_pool_idx, keep, alloc_len)
         req.kv_len = min(alloc_len, keep)
 
     def mix_with_running(self, running: ScheduleBatch) -> None:
@@ -172,8 +166,7 @@ class ScheduleBatch:
         A decode inside MIXED is an EXTEND of length 1 whose prefix is its whole history."""
         dec_prefix = [r.seqlen - 1 for r in running.reqs]
         dec_seq = [r.seqlen for r in running.reqs]
-        locs = running._alloc(dec_prefix, dec_seq, running._last_locs(dec_prefix))
-        running._write_rows(running.reqs, dec_prefix, dec_seq, locs)
+        locs = running._alloc(running.reqs, dec_prefix, dec_seq)
         self.forward_mode = ForwardMode.MIXED
         self.num_extend_reqs = len(self.reqs)
         self.reqs = self.reqs + running.reqs
@@ -236,14 +229,26 @@ class ScheduleBatch:
 
     # ------------------------------------------------------------------ hand-over
     def get_model_worker_batch(self) -> ModelWorkerBatch:
+        """The snapshot execution needs. Sampling is described per sampled row: one per request, or
+        (TARGET_VERIFY) one per verified position, whose history holds the drafts before it, so that
+        penalties, min_new_tokens and seeds see at each position what plain decoding would see there."""
         assert self.out_cache_loc is not None
-        params = [r.sampling_params for r in self.reqs]
-        need_history = SamplingBatchInfo.needs_history(params)
+        verify = self.forward_mode.is_target_verify()
+        widths = [s - p for p, s in zip(self.prefix_lens, self.seq_lens)] if verify else [1] * len(self.reqs)
+        req_params = [r.sampling_params for r in self.reqs]
+        params = [p for p, w in zip(req_params, widths) for _ in range(w)]
+        history = None
+        if SamplingBatchInfo.needs_history(req_params):
+            history = [r.output_ids + r.spec_draft.tokens[:j] if verify else list(r.output_ids)
+                       for r, w in zip(self.reqs, widths) for j in range(w)]
+        prompts = None
+        if any(p.repetition_penalty != 1.0 for p in req_params):  # it covers the prompt too (vLLM / HF)
+            prompts = [r.origin_input_ids for r, w in zip(self.reqs, widths) for _ in range(w)]
         return_logprob = any(r.return_logprob for r in self.reqs)
         targets: list[list[int] | None] = []
         for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
             # prompt logprobs: the token after each computed prompt position
-            want = r.return_prompt_logprob and not r.output_ids and self.forward_mode.is_extend()
+            want = r.return_prompt_logprob and not r.output_ids and self.forward_mode.is_extend() and not verify
             targets.append(r.origin_input_ids[p + 1 : s + 1] if want else None)
         return ModelWorkerBatch(
             forward_mode=self.forward_mode,
@@ -253,20 +258,20 @@ class ScheduleBatch:
             prefix_lens=list(self.prefix_lens),
             out_cache_loc=self.out_cache_loc,
             sampling_params=params,
-            output_ids=[list(r.output_ids) for r in self.reqs] if need_history else None,
-            # repetition_penalty also covers the prompt (vLLM / HF semantics)
-            prompt_ids=[r.origin_input_ids for r in self.reqs]
-            if any(p.repetition_penalty != 1.0 for p in params) else None,
+            output_ids=history,
+            prompt_ids=prompts,
             return_logprob=return_logprob,
-            top_logprobs_nums=[r.top_logprobs_num for r in self.reqs] if return_logprob else [],
+            top_logprobs_nums=[r.top_logprobs_num for r, w in zip(self.reqs, widths) for _ in range(w)]
+            if return_logprob else [],
             prompt_logprob_targets=targets if any(t is not None for t in targets) else [],
+            spec_info=VerifyInput([w - 1 for w in widths], [r.spec_draft.probs for r in self.reqs]) if verify else None,
             vocab_mask=self.vocab_mask(),
             num_extend_reqs=self.num_extend_reqs if self.forward_mode.is_mixed() else None,
         )
 
     def vocab_mask(self) -> torch.Tensor | None:
         """The batch's grammar bitmask, a row per sampled position; None when nothing is constrained.
-        TARGET_VERIFY masks were built with the drafts (NgramWorker.propose)."""
+        TARGET_VERIFY masks were built with the drafts (prepare_for_verify)."""
         if self.forward_mode.is_target_verify():
             return self.spec_vocab_mask
         if not any(r.grammar is not None for r in self.reqs):

@@ -12,11 +12,12 @@ Budgets checked for every admitted request (DESIGN section 5):
 from __future__ import annotations
 
 from radixserve.managers.req import Req
+from radixserve.mem_cache.allocator import round_down_to_page, round_up_to_page
+from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 
 # The reservation for a running request's future tokens counts at most this many of them (SGLang
 # clips the same estimate): a max_new_tokens in the millions must not block admission forever.
 CLIP_MAX_NEW_TOKENS_ESTIMATION = 4096
-from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 
 
 # A waiting request is held back one step when a request admitted in the same step computes the
@@ -88,7 +89,7 @@ class PrefillAdder:
         return int(left * ratio)
 
     def _ceil_page(self, n: int) -> int:
-        return -(-n // self.page_size) * self.page_size
+        return round_up_to_page(n, self.page_size)
 
     def add_chunked_req(self, req: Req) -> Req | None:
         """Continue a request mid chunked prefill (it already holds a row and its prefix).
@@ -138,7 +139,7 @@ class PrefillAdder:
         self.rem_total_tokens -= pinned
         if self.rem_chunk_tokens is not None and extend_len > self.rem_chunk_tokens:
             # Chunk at a page boundary: the tree only holds whole pages.
-            chunk = self.rem_chunk_tokens // self.page_size * self.page_size
+            chunk = round_down_to_page(self.rem_chunk_tokens, self.page_size)
             if chunk <= 0:
                 self.tree_cache.dec_lock_ref(req.last_node)
                 self.stop_reason = "chunked_prefill_size"

@@ -32,7 +32,7 @@ from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs
-from radixserve.speculative.spec_worker import NgramWorker
+from radixserve.speculative.spec_worker import SpecWorker
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Scheduler:
         # tensor / pipeline parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
         # requests out at the same step (None = this process's own clock)
         self.clock_override: float | None = None
-        self.spec_worker = NgramWorker.create(server_args, runner)
+        self.spec_worker = SpecWorker.create(server_args, runner)
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
 
@@ -199,6 +199,8 @@ class Scheduler:
             self.step_log.schedule_s = time.perf_counter() - t0
             self.isolation.run(batch)
             self.running_batch.filter_batch()
+        if self.spec_worker is not None:  # what a draft model holds for requests that left goes with them
+            self.spec_worker.release_stale(self.running_batch.reqs)
         if self.checker is not None:
             self.checker.check_memory()
         outputs = self.output_processor.flush()
@@ -330,7 +332,7 @@ class Scheduler:
         for i, req in enumerate(batch.reqs):
             try:
                 if verify:
-                    self.spec_worker.process_verify_one(self, batch, i, req, next_ids)
+                    self.spec_worker.process_verify_one(self, batch, i, req, sample, next_ids)
                 else:
                     self._process_one(batch, i, req, next_ids[i], sample, in_logprobs, prefilled)
             except Exception as e:  # one request's bad output must not stop the others

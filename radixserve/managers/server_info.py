@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from radixserve.speculative.spec_worker import NgramWorker
+from radixserve.speculative.spec_worker import SpecWorker
 
 if TYPE_CHECKING:
     from radixserve.managers.scheduler import Scheduler
@@ -30,7 +30,7 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         "failed_forward_streak": s.failed_forward_streak,
         "deterministic_inference": s.model_runner.deterministic,
         "generation_tokens": s.stats["generation_tokens"],
-        **NgramWorker.info(s.spec_worker),
+        **SpecWorker.info(s.spec_worker),
         "prompt_tokens": s.stats["prompt_tokens"],
         "context_len": s.model_config.context_len,
         # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is

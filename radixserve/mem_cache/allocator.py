@@ -18,6 +18,22 @@ from __future__ import annotations
 import torch
 
 
+def round_up_to_page(num_tokens: int, page_size: int) -> int:
+    """Slots that `num_tokens` positions occupy in whole pages."""
+    return -(-num_tokens // page_size) * page_size
+
+
+def round_down_to_page(num_tokens: int, page_size: int) -> int:
+    """The whole pages within `num_tokens` positions (what a prefix cache can hold of them)."""
+    return num_tokens - num_tokens % page_size
+
+
+def pages_between(prefix_len: int, seq_len: int, page_size: int) -> int:
+    """New pages a request takes to grow from prefix_len to seq_len positions (its partial last
+    page is continued first)."""
+    return (round_up_to_page(seq_len, page_size) - round_up_to_page(prefix_len, page_size)) // page_size
+
+
 class TokenToKVPoolAllocator:
     def __init__(self, size: int, page_size: int = 1, device: str | torch.device = "cpu") -> None:
         if page_size < 1:
@@ -59,7 +75,7 @@ class TokenToKVPoolAllocator:
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Slots for `num_tokens` tokens starting on a fresh page (a new request, no prefix)."""
-        num_pages = -(-num_tokens // self.page_size)
+        num_pages = pages_between(0, num_tokens, self.page_size)
         pages = self._take_pages(num_pages)
         if pages is None:
             return None
@@ -79,7 +95,7 @@ class TokenToKVPoolAllocator:
         request's partial last page is filled first. All or nothing: on shortage nothing is taken.
         """
         ps = self.page_size
-        need_pages = [(-(-s // ps)) - (-(-p // ps)) for p, s in zip(prefix_lens, seq_lens)]
+        need_pages = [pages_between(p, s, ps) for p, s in zip(prefix_lens, seq_lens)]
         pages = self._take_pages(sum(need_pages))
         if pages is None:
             return None

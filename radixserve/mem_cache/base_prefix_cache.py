@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
+from radixserve.mem_cache.allocator import round_down_to_page
+from radixserve.mem_cache.request_slots import RequestSlots
+
 if TYPE_CHECKING:
     from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
     from radixserve.mem_cache.memory_pool import ReqToTokenPool
@@ -106,16 +109,13 @@ class BasePrefixCache(ABC):
         """Drop a request whose KV cannot be trusted (its step failed): free every slot its row
         owns up to alloc_len (what the scheduler allocated for it), unlock its prefix and free the
         row, inserting nothing into the cache. The tree keeps the prefix it already owned."""
-        owned_by_tree = self.tree_owned_len(req)
-        if alloc_len > owned_by_tree:
-            slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, owned_by_tree:alloc_len]
-            self.token_to_kv_pool_allocator.free(slots.clone())
+        RequestSlots(self.req_to_token_pool, self.token_to_kv_pool_allocator).free_row(
+            req.req_pool_idx, self.tree_owned_len(req), alloc_len)
         self.dec_lock_ref(req.last_node)
-        self.req_to_token_pool.free(req.req_pool_idx)
 
     def tree_owned_len(self, req: CacheReq) -> int:
         """How many leading slots of the request's row the cache owns (whole pages of its prefix)."""
-        return len(req.prefix_indices) - len(req.prefix_indices) % self.page_size
+        return round_down_to_page(len(req.prefix_indices), self.page_size)
 
     @abstractmethod
     def cache_unfinished_req(self, req: CacheReq) -> None:

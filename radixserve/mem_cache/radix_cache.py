@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixserve.mem_cache.allocator import round_down_to_page
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache, CacheReq, MatchResult
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class RadixCache(BasePrefixCache):
         i = 0
         while i < n and a[i] == b[i]:
             i += 1
-        return i - i % self.page_size
+        return round_down_to_page(i, self.page_size)
 
     def _split(self, child: TreeNode, at: int) -> TreeNode:
         """Cut child's edge at `at` (a page boundary); returns the new upper node.
@@ -108,7 +109,7 @@ class RadixCache(BasePrefixCache):
 
     # ------------------------------------------------------------------ match / insert
     def match_prefix(self, key: list[int]) -> MatchResult:
-        key = key[: len(key) - len(key) % self.page_size]
+        key = key[: round_down_to_page(len(key), self.page_size)]
         now = self._tick()
         node, values = self.root, []
         while key:

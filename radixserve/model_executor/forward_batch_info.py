@@ -89,12 +89,14 @@ class ModelWorkerBatch:
     seq_lens: list[int]  # [bs] length after this step
     prefix_lens: list[int]  # [bs] tokens already in the KV cache
     out_cache_loc: torch.Tensor  # [n_tokens] int64 slots, allocated by the scheduler
+    # Per sampled row: one per request, or (TARGET_VERIFY) one per verified position (ScheduleBatch
+    # .get_model_worker_batch says what each row's history holds).
     sampling_params: list[SamplingParams]
-    # Token history per request; only needed for penalties / seeds (None = not needed).
+    # Token history per row; only needed for penalties / min_new_tokens / seeds (None = not needed).
     output_ids: list[list[int]] | None = None
-    prompt_ids: list[list[int]] | None = None  # only when a request uses repetition_penalty
+    prompt_ids: list[list[int]] | None = None  # per row, only when a request uses repetition_penalty
     return_logprob: bool = False
-    top_logprobs_nums: list[int] = field(default_factory=list)
+    top_logprobs_nums: list[int] = field(default_factory=list)  # per row
     # Per request, None or the token that follows each of its positions in this step (the
     # prompt tokens whose logprobs are wanted); the scheduler knows the prompt, the runner does not.
     prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
@@ -104,6 +106,9 @@ class ModelWorkerBatch:
     # prefix is still prefill: its attention must run the kernel its prompt's other tokens ran). None =
     # by shape: a request with one new token after a prefix is a decode
     num_extend_reqs: int | None = None
+    spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (speculative/spec_info.py VerifyInput)
+    # also return the distribution each row was drawn from (SampleOutput.probs: a draft model's q)
+    return_probs: bool = False
     # Constrained decoding: xgrammar's bitmask int32 [rows, ceil(vocab / 32)] of the allowed next tokens,
     # one row per sampled position (a request; TARGET_VERIFY: each verified position), filled by the
     # scheduler from each request's grammar; None when no request is constrained.
@@ -145,6 +150,7 @@ class ForwardBatch:
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     spec_info: Any = None
     num_extend_reqs: int | None = None  # MIXED: see ModelWorkerBatch
+    return_probs: bool = False
     attn_backend: Any = None
     # The one documented late addition: the attention backend's per-step metadata, derived
     # once in init_forward_metadata() and shared by every layer.
@@ -218,6 +224,7 @@ class ForwardBatch:
             capture_hidden_mode=batch.capture_hidden_mode,
             spec_info=batch.spec_info,
             num_extend_reqs=batch.num_extend_reqs,
+            return_probs=batch.return_probs,
             attn_backend=model_runner.attn_backend,
         )
         model_runner.attn_backend.init_forward_metadata(fb)

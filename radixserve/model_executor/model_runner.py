@@ -48,7 +48,7 @@ from radixserve.layers.linear import (
 )
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
-from radixserve.constrained.xgrammar_backend import apply_vocab_mask_
+from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -79,9 +79,14 @@ def resolve_dtype(name: str, device: torch.device, deterministic: bool = False) 
 
 @dataclass
 class SampleOutput:
-    next_token_ids: torch.Tensor  # [bs] int64 ([bs * (k+1)] for TARGET_VERIFY, greedy per row)
-    next_token_logprobs: list[float] | None = None  # logprob of the chosen token (raw distribution)
+    # [bs] int64; TARGET_VERIFY: one per verified row (sum(1 + k_i)), of which each request's first
+    # accept_lens[i] + 1 are the tokens it produced (layers/rejection_sampler.py)
+    next_token_ids: torch.Tensor
+    next_token_logprobs: list[float] | None = None  # logprob of the chosen token (raw distribution), per row
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per row: [(token id, logprob)] * k
+    accept_lens: list[int] | None = None  # TARGET_VERIFY: drafts kept per request
+    # ModelWorkerBatch.return_probs: [bs, vocab] the distribution each row was drawn from (a draft's q)
+    probs: torch.Tensor | None = None
 
 
 @dataclass
@@ -141,6 +146,7 @@ class ModelRunner:
         self.quant_ops = self._quant_ops()
         self.cpu_graph_runner = CpuGraphRunner.maybe_create(self)
         self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler(self.sampler)
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.pipeline = None
         if self.pp_size > 1:
@@ -334,38 +340,40 @@ class ModelRunner:
 
     def _sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
         logits = logits_output.next_token_logits
-        if forward_batch.forward_mode.is_target_verify():
-            # Verification is greedy per draft position (speculative decoding keeps greedy exact); a
-            # constrained request's positions take the argmax among what its grammar allows there.
-            info = forward_batch.sampling_info
-            if info is not None and info.vocab_mask is not None:
-                logits = logits.to(torch.float32, copy=True)
-                apply_vocab_mask_(logits, info.vocab_mask)
-            return SampleOutput(next_token_ids=self.parallel_state.broadcast_tensor(torch.argmax(logits, dim=-1)))
         raw = logits.clone() if forward_batch.return_logprob else None
-        next_ids = self.sampler(logits, forward_batch.sampling_info)
-        # tensor parallel: every rank has the same (gathered) logits, but random draws could differ;
-        # rank 0's tokens are the ones every rank's scheduler appends
-        next_ids = self.parallel_state.broadcast_tensor(next_ids)
-        out = SampleOutput(next_token_ids=next_ids)
+        info = forward_batch.sampling_info
+        if forward_batch.forward_mode.is_target_verify():
+            spec = forward_batch.spec_info
+            ids, accept = self.rejection_sampler(logits, info, forward_batch.input_ids.tolist(), spec.draft_lens,
+                                                 spec.draft_probs)
+            # tensor parallel: every rank has the same logits but its own random draws; rank 0's decide
+            accept = self.parallel_state.broadcast_tensor(torch.tensor(accept, dtype=torch.int64)).tolist()
+            out = SampleOutput(next_token_ids=self.parallel_state.broadcast_tensor(ids), accept_lens=accept)
+        elif forward_batch.return_probs:
+            ids, probs = self.sampler.sample_with_probs(logits, info)
+            out = SampleOutput(next_token_ids=self.parallel_state.broadcast_tensor(ids), probs=probs)
+        else:
+            # tensor parallel: every rank has the same (gathered) logits, but random draws could differ;
+            # rank 0's tokens are the ones every rank's scheduler appends
+            out = SampleOutput(next_token_ids=self.parallel_state.broadcast_tensor(self.sampler(logits, info)))
         if raw is not None:
-            # log_softmax over [bs, vocab] is row-wise in ATen (measured bit-identical at every bs), so
-            # it needs no per-row loop even in deterministic mode.
-            logprobs = torch.log_softmax(raw.float(), dim=-1)
-            out.next_token_logprobs = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1).tolist()
-            nums = forward_batch.top_logprobs_nums
-            k = max(nums, default=0)
-            if k > 0 and self.deterministic:
-                # each row's own k: the order topk gives tied values may depend on k
-                rows = [logprobs[i : i + 1].topk(n, dim=-1) for i, n in enumerate(nums)]
-                out.top_logprobs = [list(zip(ids[0].tolist(), vals[0].tolist())) for vals, ids in rows]
-            elif k > 0:
-                vals, ids = logprobs.topk(k, dim=-1)
-                out.top_logprobs = [
-                    list(zip(ids[i, :n].tolist(), vals[i, :n].tolist()))
-                    for i, n in enumerate(forward_batch.top_logprobs_nums)
-                ]
+            self._add_logprobs(out, raw, forward_batch.top_logprobs_nums)
         return out
+
+    def _add_logprobs(self, out: SampleOutput, raw: torch.Tensor, nums: list[int]) -> None:
+        """The chosen tokens' logprobs and each row's top ones, under the raw (unprocessed) distribution."""
+        # log_softmax over [bs, vocab] is row-wise in ATen (measured bit-identical at every bs), so
+        # it needs no per-row loop even in deterministic mode.
+        logprobs = torch.log_softmax(raw.float(), dim=-1)
+        out.next_token_logprobs = logprobs.gather(1, out.next_token_ids.unsqueeze(1)).squeeze(1).tolist()
+        k = max(nums, default=0)
+        if k > 0 and self.deterministic:
+            # each row's own k: the order topk gives tied values may depend on k
+            rows = [logprobs[i : i + 1].topk(n, dim=-1) for i, n in enumerate(nums)]
+            out.top_logprobs = [list(zip(ids[0].tolist(), vals[0].tolist())) for vals, ids in rows]
+        elif k > 0:
+            vals, ids = logprobs.topk(k, dim=-1)
+            out.top_logprobs = [list(zip(ids[i, :n].tolist(), vals[i, :n].tolist())) for i, n in enumerate(nums)]
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """ModelWorkerBatch -> ForwardBatch -> forward -> sample: the whole execution step.

@@ -61,6 +61,13 @@ def step_seed(seed: int, step: int) -> int:
     return _splitmix64(_splitmix64(seed & _MASK64) ^ (step & _MASK64)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def salted_seed(seed: int, salt: int) -> int:
+    """Another stream for the same (seed, step): speculative decoding draws a seeded request's
+    acceptance tests and a draft model's proposals from streams independent of the one its tokens
+    use, and reproducible all the same."""
+    return _splitmix64((seed ^ salt) & _MASK64) & 0x7FFF_FFFF_FFFF_FFFF
+
+
 @dataclass
 class SamplingBatchInfo:
     """Per-step sampling state for a batch of bs requests (row i = request i)."""

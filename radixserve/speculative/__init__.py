@@ -1,8 +1,13 @@
-"""Speculative decoding: propose draft tokens, verify them in one TARGET_VERIFY forward, accept.
+"""Speculative decoding: propose draft tokens, verify them in one TARGET_VERIFY forward, keep what the
+rejection rule accepts.
 
-    spec_info.py     SpeculativeAlgorithm (what --speculative-algorithm names; ModelRunner.spec_algorithm)
-    ngram.py         NgramIndex: prompt-lookup drafts from a request's own tokens
-    spec_worker.py   NgramWorker: the propose -> verify -> accept interface the scheduler calls
+    spec_info.py     SpeculativeAlgorithm (ModelRunner.spec_algorithm), Draft, VerifyInput (the hand-over)
+    spec_worker.py   SpecWorker: the scheduler's propose -> verify -> accept step, adaptive draft lengths
+    proposer.py      DraftProposer: the interface drafts come from
+    ngram.py         NgramIndex / NgramProposer: prompt-lookup drafts from a request's own tokens
+    draft_model.py   DraftModelProposer: a smaller model with its own KV pool, run k steps ahead
+
+The rule itself runs in the execution layer: layers/rejection_sampler.py.
 """
 
 from radixserve.speculative.spec_info import SpeculativeAlgorithm

@@ -1,14 +1,22 @@
-"""NgramIndex: prompt-lookup drafts from one request's own tokens (prompt + output).
+"""NgramIndex and NgramProposer: prompt-lookup drafts from one request's own tokens (prompt + output).
 
 Editing, summarising, extraction and code often repeat spans of their context. If the last w tokens
 (min_window <= w <= max_window, longest first) occurred earlier, the tokens that followed that
 earlier occurrence are a cheap guess for what comes next: the draft. The index maps every n-gram of
 each window length to the position right after its most recent earlier occurrence; it is updated
 incrementally as tokens arrive (O(max_window) per token), so proposing costs a dict lookup per
-window length, never a scan of the context.
+window length, never a scan of the context. A lookup is deterministic: a point-mass proposal.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixserve.speculative.proposer import DraftProposer
+from radixserve.speculative.spec_info import Draft
+
+if TYPE_CHECKING:
+    from radixserve.managers.req import Req
 
 
 class NgramIndex:
@@ -39,3 +47,21 @@ class NgramIndex:
             if end is not None and end < n:
                 return self.tokens[end : end + k]
         return []
+
+
+class NgramProposer(DraftProposer):
+    def __init__(self, min_window: int, max_window: int) -> None:
+        self.min_window, self.max_window = min_window, max_window
+
+    def _index(self, req: Req) -> NgramIndex:
+        idx = req.spec_state
+        if idx is None:
+            idx = req.spec_state = NgramIndex(self.min_window, self.max_window)
+        seen, n_in = len(idx.tokens), len(req.origin_input_ids)
+        if seen < n_in:  # first time: the prompt (slices of what is new only, never a concatenation)
+            idx.extend(req.origin_input_ids[seen:])
+        idx.extend(req.output_ids[max(0, seen - n_in):])
+        return idx
+
+    def propose(self, reqs: list[Req], lens: list[int]) -> list[Draft]:
+        return [Draft(self._index(r).propose(k)) if k > 0 else Draft() for r, k in zip(reqs, lens)]

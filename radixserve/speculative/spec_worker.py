@@ -1,174 +1,207 @@
-"""NgramWorker: propose -> verify -> accept, the scheduler's speculative step.
+"""SpecWorker: propose -> verify -> accept, the scheduler's speculative step.
 
-    prepare_verify(sched)   instead of a DECODE step: drafts for the running batch; if there are any and
-                            the pool has a slot for every verified position, the batch becomes a
-                            TARGET_VERIFY step (ScheduleBatch.prepare_for_verify); drafts never retract
-    process_verify_one(..)  after it: accept, append the produced tokens one by one with the stop checks
-                            (EOS, stop strings, max_new_tokens, context) between them, then free the slots
-                            past the verified tokens (ScheduleBatch.release_rejected): the KV a request
-                            keeps and the radix cache only ever hold verified tokens. A failing verify is
-                            bisected like any step (the drafts live on each Req).
+    prepare_verify(sched)   instead of a DECODE step: a draft length per running request (adaptive, see
+                            below), slots checked first (drafts may evict the tree, never retract), drafts
+                            from the proposer (n-gram lookup or a draft model), and the running batch
+                            becomes a TARGET_VERIFY step in which each request verifies its own number
+                            of drafts (0 = a plain one-row member: the issue's "DECODE inside a verify
+                            batch"); False = no request has a draft: plain DECODE
+    process_verify_one(..)  after it: the tokens the rejection sampler produced for the request (its kept
+                            drafts + one), appended one by one with the stop checks (EOS, stop strings,
+                            max_new_tokens, context) and logprobs between them; then the slots past the
+                            verified tokens are given back (ScheduleBatch.release_rejected) and the
+                            proposer undoes what it built on rejected drafts: the KV a request keeps and
+                            the radix cache only ever hold verified tokens. A failing verify is bisected
+                            like any step (the drafts live on each Req).
 
-    propose(reqs)     draft tokens per request (n-gram lookup over its own tokens), or None for a step
-                      that should run as plain DECODE (no request has a draft, or one cannot take part)
-    accept(...)       greedy verification of one request: the target's argmax at each verified position
-                      t_0 .. t_{L-1}; draft j+1 is accepted while it equals t_j, and the run ends with
-                      the target's own token (the bonus). The tokens produced are exactly t_0 .. t_a:
-                      what plain greedy decoding would produce, a + 1 tokens for one forward.
+Every request takes part, whatever its sampling parameters: each verified row is sampled as plain
+decoding would sample that step (its penalties, logit_bias and min_new_tokens over a history that
+includes the drafts before it, its temperature / top-k / top-p / min-p, its seed's stream), and the
+standard rejection rule keeps drafts (layers/rejection_sampler.py), so outputs follow the target
+distribution exactly; greedy and seeded requests get token for token what they get without it.
 
-Which requests take part: greedy ones without penalties, logit_bias, pending min_new_tokens or
-logprobs (their next-token rule is argmax of the raw logits, which is what the verify forward returns
-per position). A step where any running request is not eligible runs as plain DECODE, so speculation
-never changes what such a request gets. The draft length adapts per request: after a verify in which
-nothing was accepted it halves (down to 0: that request drafts nothing for RETRY_AFTER_STEPS steps,
-then tries one token), after a full acceptance it doubles back up to --speculative-num-draft-tokens.
+Draft length per request: after a verify that kept none of its drafts it halves (down to 0: no drafts
+for RETRY_AFTER_STEPS steps, then one token is tried), after one that kept all of them it doubles back
+up to --speculative-num-draft-tokens. Where the low-bit path is capped (ModelRunner.quant_max_rows: AMX
+machines, or --quant-max-rows), a batch that decodes on it verifies on it too (the rows of the step stay
+within the cap), so a verified row is computed by the same kernels as the decode step it replaces.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
 from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.managers.schedule_batch import OutOfKVSlots
-from radixserve.speculative.ngram import NgramIndex
+from radixserve.speculative.ngram import NgramProposer
+from radixserve.speculative.spec_info import Draft
 
 if TYPE_CHECKING:
     from radixserve.managers.req import Req
     from radixserve.managers.schedule_batch import ScheduleBatch
     from radixserve.managers.scheduler import Scheduler
-    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.model_executor.model_runner import ModelRunner, SampleOutput
     from radixserve.server_args import ServerArgs
+    from radixserve.speculative.proposer import DraftProposer
 
+
+logger = logging.getLogger(__name__)
 
 RETRY_AFTER_STEPS = 8
 
 
-def spec_eligible(req: Req) -> bool:
-    p = req.sampling_params
-    return (p.temperature == 0.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
-            and p.repetition_penalty == 1.0 and not p.logit_bias and len(req.output_ids) >= p.min_new_tokens
-            and not req.return_logprob)
-
-
-class NgramWorker:
-    def __init__(self, args: ServerArgs, context_len: int, row_cap: int | None = None) -> None:
-        """row_cap: with low-bit weights, steps of <= row_cap rows run the low-bit path and longer ones
-        float32 or bf16 (ModelRunner.quant_max_rows; None = every step runs low-bit). A batch that decodes on the low-bit path verifies
-        on it too (drafts are cut so that requests x (1 + drafts) <= row_cap), so speculation never
-        moves a request to other kernels than plain decoding would use: its tokens stay identical."""
-        self.row_cap = row_cap
+class SpecWorker:
+    def __init__(self, args: ServerArgs, runner: ModelRunner, proposer: DraftProposer) -> None:
+        self.proposer = proposer
         self.max_draft = args.speculative_num_draft_tokens
-        self.min_window = args.speculative_ngram_min_match_window
-        self.max_window = args.speculative_ngram_max_match_window
-        self.context_len = context_len
-        self.verify_ct = 0
-        self.accepted_tokens = 0  # tokens produced by verify forwards (bonus included)
+        self.context_len = runner.model_config.context_len
+        # with low-bit weights, steps of <= this many rows run the low-bit path, longer ones the float GEMMs
+        # (None: every step is low-bit, nothing to stay within)
+        self.low_bit_rows = runner.quant_max_rows if runner.quant_ops is not None else None
+        self.turn = 0  # who gets the first of the rows a low-bit step has to share
+        self.verify_ct = 0  # (request, verify forward) pairs in which the request had drafts
+        self.accepted_tokens = 0  # tokens those produced (kept drafts + the bonus / corrected one)
 
     @staticmethod
-    def create(args: ServerArgs, runner: ModelRunner) -> NgramWorker | None:
-        """The runner's worker (None without --speculative-algorithm ngram)."""
-        if not runner.spec_algorithm.is_ngram():
+    def create(args: ServerArgs, runner: ModelRunner) -> SpecWorker | None:
+        """The runner's worker (None without --speculative-algorithm)."""
+        algo = runner.spec_algorithm
+        if algo.is_none():
             return None
-        return NgramWorker(args, runner.model_config.context_len,
-                           runner.quant_max_rows if runner.quant_ops is not None else None)
+        if algo.is_ngram():
+            proposer: DraftProposer = NgramProposer(args.speculative_ngram_min_match_window,
+                                                    args.speculative_ngram_max_match_window)
+        else:
+            from radixserve.speculative.draft_model import DraftModelProposer
+
+            proposer = DraftModelProposer(args, runner)
+        return SpecWorker(args, runner, proposer)
 
     @staticmethod
-    def info(worker: NgramWorker | None) -> dict[str, float]:
+    def info(worker: SpecWorker | None) -> dict[str, float]:
         """get_server_info's speculative counters (zeros without a worker)."""
         if worker is None:
             return {"spec_verify_ct": 0, "spec_accept_length": 0.0}
-        return {"spec_verify_ct": worker.verify_ct, "spec_accept_length": worker.mean_accept_length()}
-
-    def _index(self, req: Req) -> NgramIndex:
-        idx = req.spec_index
-        if idx is None:
-            idx = req.spec_index = NgramIndex(self.min_window, self.max_window)
-            req.spec_draft_len = self.max_draft
-        seen, n_in = len(idx.tokens), len(req.origin_input_ids)
-        if seen < n_in:  # first time: the prompt (slices of what is new only, never a concatenation)
-            idx.extend(req.origin_input_ids[seen:])
-        idx.extend(req.output_ids[max(0, seen - n_in):])
-        return idx
-
-    def propose(self, reqs: list[Req]) -> list[list[int]] | None:
-        if not reqs or not all(spec_eligible(r) for r in reqs):
-            return None
-        cap = self.max_draft
-        if self.row_cap is not None and len(reqs) <= self.row_cap:
-            cap = min(cap, self.row_cap // len(reqs) - 1)
-            if cap <= 0:
-                return None
-        drafts = []
-        for r in reqs:
-            # room: the verify writes seqlen - 1 + L positions, and more than max_new_tokens is waste
-            room = min(self.context_len - r.seqlen, r.sampling_params.max_new_tokens - len(r.output_ids) - 1)
-            if r.spec_index is not None and r.spec_draft_len == 0:
-                r.spec_retry_in -= 1
-                if r.spec_retry_in <= 0:  # random text for a while: try a one-token draft again
-                    r.spec_draft_len = 1
-            k = max(0, min(r.spec_draft_len if r.spec_index is not None else self.max_draft, room, cap))
-            drafts.append(self._index(r).propose(k) if k > 0 else [])
-        if not any(drafts):
-            return None
-        return drafts
-
-    def accept(self, req: Req, targets: list[int], draft: list[int]) -> list[int]:
-        """The tokens one verify forward produced for `req` (its drafts' positions included)."""
-        a = 0
-        while a < len(draft) and draft[a] == targets[a]:
-            a += 1
-        out = targets[: a + 1]
-        self.verify_ct += 1
-        self.accepted_tokens += len(out)
-        req.spec_verify_ct += 1
-        req.spec_accepted_tokens += len(out)
-        if draft:
-            if a == 0:
-                req.spec_draft_len = req.spec_draft_len // 2
-                if req.spec_draft_len == 0:
-                    req.spec_retry_in = RETRY_AFTER_STEPS
-            elif a == len(draft):
-                req.spec_draft_len = min(self.max_draft, max(1, req.spec_draft_len) * 2)
-        return out
+        return {"spec_verify_ct": worker.verify_ct, "spec_accept_length": worker.mean_accept_length(),
+                **worker.proposer.info()}
 
     def mean_accept_length(self) -> float:
         return self.accepted_tokens / self.verify_ct if self.verify_ct else 0.0
 
+    # ------------------------------------------------------------------ draft lengths
+    def row_budget(self, num_reqs: int) -> int | None:
+        """Most rows a verify step of num_reqs requests may have, None = any: a batch that decodes on the
+        capped low-bit path verifies on it too, so its tokens come from the same kernels."""
+        cap = self.low_bit_rows
+        return cap if cap is not None and num_reqs <= cap else None
+
+    def draft_lens(self, reqs: list[Req]) -> list[int]:
+        """How many drafts each request verifies this step."""
+        want = []
+        for r in reqs:
+            if r.spec_draft_len < 0:
+                r.spec_draft_len = self.max_draft
+            elif r.spec_draft_len == 0:
+                r.spec_retry_in -= 1
+                if r.spec_retry_in <= 0:  # random text for a while: try a one-token draft again
+                    r.spec_draft_len = 1
+            # room: the verify writes positions seqlen - 1 .. seqlen - 1 + k, and more than max_new_tokens is waste
+            room = min(self.context_len - r.seqlen, r.sampling_params.max_new_tokens - len(r.output_ids) - 1)
+            want.append(max(0, min(r.spec_draft_len, room)))
+        budget = self.row_budget(len(reqs))
+        if budget is None:
+            return want
+        # share the rows left after each request's own one, a draft at a time in turn, starting from a
+        # different request each step so that none is always last
+        n = len(reqs)
+        lens, left = [0] * n, budget - n
+        self.turn = (self.turn + 1) % n
+        while left > 0 and any(k < w for k, w in zip(lens, want)):
+            for i in [(self.turn + j) % n for j in range(n)]:
+                if left > 0 and lens[i] < want[i]:
+                    lens[i] += 1
+                    left -= 1
+        return lens
+
+    def _on_verified(self, req: Req, num_drafts: int, accepted: int) -> None:
+        if num_drafts == 0:
+            return  # a plain one-row member: no verify for this request
+        self.verify_ct += 1
+        self.accepted_tokens += accepted + 1
+        req.spec_verify_ct += 1
+        req.spec_accepted_tokens += accepted + 1
+        if accepted == 0:
+            req.spec_draft_len //= 2
+            if req.spec_draft_len == 0:
+                req.spec_retry_in = RETRY_AFTER_STEPS
+        elif accepted == num_drafts:
+            req.spec_draft_len = min(self.max_draft, max(1, req.spec_draft_len) * 2)
+
     # ------------------------------------------------------------------ the scheduler's step
     def prepare_verify(self, sched: Scheduler) -> bool:
         """Turn the running batch into a TARGET_VERIFY step; False = run plain DECODE."""
-        drafts = self.propose(sched.running_batch.reqs)
-        if drafts is None:
+        batch = sched.running_batch
+        lens = self.draft_lens(batch.reqs)
+        if not any(lens):
             return False
+        # the target's slots for every verified position, before any draft is computed: drafts may
+        # evict the tree like decode does, but never retract a request
+        need = batch.verify_slots_needed(lens)
+        if sched.allocator.available_size() < need:
+            sched.tree_cache.evict(need - sched.allocator.available_size())
+        if sched.allocator.available_size() < need:
+            return False
+        drafts = self.proposer.propose(batch.reqs, lens)
         try:
-            sched.running_batch.prepare_for_verify(drafts)  # its slot allocation evicts the tree if needed
-        except OutOfKVSlots:
-            return False  # drafts are optional: the step decodes (prepare_for_decode resets the batch)
-        return True
+            if any(d.tokens for d in drafts):
+                batch.prepare_for_verify(drafts)  # fits: drafts are no longer than lens
+                return True
+        except OutOfKVSlots:  # cannot happen after the check above; if it does, the step just decodes
+            logger.warning("no KV slots for the drafts after all; decoding this step")
+        for r in batch.reqs:  # whatever the proposer built on these drafts is undone
+            r.spec_draft = Draft()
+            self.proposer.on_verified(r, 0)
+        return False
 
-    def process_verify_one(self, sched: Scheduler, batch: ScheduleBatch, i: int, req: Req,
+    def process_verify_one(self, sched: Scheduler, batch: ScheduleBatch, i: int, req: Req, sample: SampleOutput,
                            next_ids: list[int]) -> None:
+        """Request i of a TARGET_VERIFY batch: its rows start after the rows of the requests before it."""
+        row = sum(s - p for p, s in zip(batch.prefix_lens[:i], batch.seq_lens[:i]))
         alloc_len = batch.seq_lens[i]
-        width = alloc_len - batch.prefix_lens[i]
         req.kv_len = alloc_len
         if req.finished():
             return  # aborted while this step ran (its slots went with it)
-        produced = self.accept(req, next_ids[i * width : (i + 1) * width], req.spec_draft)
+        accepted = sample.accept_lens[i]
+        self._on_verified(req, len(req.spec_draft.tokens), accepted)
         reason = None
-        for tok in produced:
+        for j in range(row, row + accepted + 1):
+            tok = next_ids[j]
             req.output_ids.append(tok)
             if req.first_token_time is None:
                 req.first_token_time = time.perf_counter()
             sched.stats["generation_tokens"] += 1
+            if sample.next_token_logprobs is not None and req.return_logprob:
+                req.output_token_logprobs.append(sample.next_token_logprobs[j])
+                if req.top_logprobs_num and sample.top_logprobs is not None:
+                    req.output_top_logprobs.append(sample.top_logprobs[j])
             reason = sched.output_processor.check_finished(req, sched.model_config.context_len)
             if req.grammar is not None:
                 reason = GrammarQueue.advance(req, tok, reason)
             if reason is not None:
                 break
         batch.release_rejected(req, alloc_len)
-        req.spec_draft = []
+        self.proposer.on_verified(req, accepted)
+        req.spec_draft = Draft()
         if reason is not None:
             sched._finish(req, reason)
         else:
             sched.output_processor.maybe_stream(req)
+
+    # ------------------------------------------------------------------ lifetime
+    def release_stale(self, live: list[Req]) -> None:
+        self.proposer.release_stale(live)
+
+    def check_memory(self, live: list[Req]) -> None:
+        self.proposer.check_memory(live)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode, ModelWorkerBatch
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.speculative.spec_info import VerifyInput
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -14,18 +16,17 @@ GREEDY = SamplingParams(temperature=0.0)
 class HandBatch:
     def __init__(self, runner) -> None:
         self.r = runner
+        self.slots = RequestSlots(runner.req_to_token_pool, runner.token_to_kv_pool_allocator)
         self.rows: dict[int, list[int]] = {}  # row -> tokens whose KV is written
 
     def new_req(self) -> int:
-        row = self.r.req_to_token_pool.alloc()
+        row = self.slots.take_row()
         assert row is not None
         self.rows[row] = []
         return row
 
     def release(self, row: int) -> None:
-        n = len(self.rows.pop(row))
-        self.r.token_to_kv_pool_allocator.free(self.r.req_to_token_pool.req_to_token[row, :n].clone())
-        self.r.req_to_token_pool.free(row)
+        self.slots.free_row(row, 0, len(self.rows.pop(row)))
 
     def release_all(self) -> None:
         for row in list(self.rows):
@@ -35,28 +36,28 @@ class HandBatch:
         """items: (row, new tokens). Each request's prefix is whatever the row already holds."""
         prefix_lens = [len(self.rows[row]) for row, _ in items]
         seq_lens = [p + len(new) for p, (_, new) in zip(prefix_lens, items)]
-        rtt = self.r.req_to_token_pool.req_to_token
-        last_locs = [int(rtt[row, p - 1]) if p else 0 for (row, _), p in zip(items, prefix_lens)]
-        locs = self.r.token_to_kv_pool_allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
+        locs = self.slots.alloc([row for row, _ in items], prefix_lens, seq_lens)
         assert locs is not None, "test pool too small"
-        off = 0
-        for (row, new), p in zip(items, prefix_lens):
-            self.r.req_to_token_pool.write(row, p, locs[off : off + len(new)])
-            off += len(new)
+        for row, new in items:
             self.rows[row].extend(new)
         if mode is None:
             if all(len(new) == 1 and p > 0 for (_, new), p in zip(items, prefix_lens)):
                 mode = ForwardMode.DECODE
             else:
                 mode = ForwardMode.PREFILL if not any(prefix_lens) else ForwardMode.EXTEND
+        verify = mode.is_target_verify()
+        mwb_ids = [t for _, new in items for t in new]
         mwb = ModelWorkerBatch(
             forward_mode=mode,
-            input_ids=[t for _, new in items for t in new],
+            input_ids=mwb_ids,
             req_pool_indices=[row for row, _ in items],
             seq_lens=seq_lens,
             prefix_lens=prefix_lens,
             out_cache_loc=locs,
-            sampling_params=[GREEDY] * len(items),
+            # one row per request; TARGET_VERIFY: per verified position (each request's rows after the
+            # first are its drafts: greedy, point-mass)
+            sampling_params=[GREEDY] * (len(mwb_ids) if verify else len(items)),
+            spec_info=VerifyInput([len(new) - 1 for _, new in items], [None] * len(items)) if verify else None,
             capture_hidden_mode=CaptureHiddenMode.FULL if full else CaptureHiddenMode.NULL,
         )
         return self.r.forward_batch_generation(mwb)

@@ -89,23 +89,36 @@ def test_mixed_batch_equals_requests_run_separately(runner, prompt):
     hb.release_all()
 
 
-def test_target_verify_equals_single_decode_steps(runner, prompt):
-    k = 4
+@pytest.mark.parametrize("backend", ["auto", "torch_native"])
+def test_target_verify_equals_single_decode_steps(runner, make_runner, prompt, backend):
+    # three requests verifying different numbers of drafts (4, none: a plain one-row member, 2); the
+    # paged kernel takes each row as a one-token query, SDPA one padded block per request
+    if backend != "auto":
+        runner = make_runner(page_size=runner.server_args.page_size, max_total_tokens=2048, attention_backend=backend)
     hb = HandBatch(runner)
     ref = full_prefill(hb, prompt)
-    rows = [hb.new_req(), hb.new_req()]
-    starts = [len(prompt) - k - 1, len(prompt) - k - 6]
+    widths = [5, 1, 3]
+    starts = [len(prompt) - 5, len(prompt) - 11, len(prompt) - 20]
+    rows = [hb.new_req() for _ in widths]
     hb.run([(r, prompt[:s]) for r, s in zip(rows, starts)])
-    res = hb.run([(r, prompt[s : s + k + 1]) for r, s in zip(rows, starts)], mode=ForwardMode.TARGET_VERIFY)
-    verify_lp = hb.split(hb.all_logprobs(res), [k + 1, k + 1])
+    res = hb.run([(r, prompt[s : s + w]) for r, s, w in zip(rows, starts, widths)], mode=ForwardMode.TARGET_VERIFY)
+    verify_lp = hb.split(hb.all_logprobs(res), widths)
     # the same positions, one DECODE step at a time, in fresh rows
-    for s, lp in zip(starts, verify_lp):
+    for s, w, lp in zip(starts, widths, verify_lp):
         row = hb.new_req()
         hb.run([(row, prompt[:s])])
-        steps = [hb.all_logprobs(hb.run([(row, [prompt[p]])]))[0] for p in range(s, s + k + 1)]
+        steps = [hb.all_logprobs(hb.run([(row, [prompt[p]])]))[0] for p in range(s, s + w)]
         close(lp, torch.stack(steps))
-        close(lp, ref[s : s + k + 1])
-    assert res.logits_output.next_token_logits.shape[0] == 2 * (k + 1)
+        close(lp, ref[s : s + w])
+    assert res.logits_output.next_token_logits.shape[0] == sum(widths)
+    # greedy verification keeps the drafts (the prompt's own next tokens) the target's argmax agrees with
+    expect = []
+    for s, w in zip(starts, widths):
+        a = 0
+        while a < w - 1 and int(ref[s + a].argmax()) == prompt[s + a + 1]:
+            a += 1
+        expect.append(a)
+    assert res.sample_output.accept_lens == expect
     hb.release_all()
 
 

@@ -2,9 +2,10 @@
 
 Two paths, chosen per request once per step in init_forward_metadata():
 
-  batched  requests whose query block has the same small length L (DECODE: L = 1,
-           TARGET_VERIFY: L = k + 1, the decodes inside a MIXED batch). Their histories are
-           gathered into one padded tensor and attended in one call:
+  batched  requests whose query block has the same small length L (DECODE: L = 1, the decodes
+           inside a MIXED batch; TARGET_VERIFY: every verified row as a one-token query of its
+           own, see _verify_rows). Their histories are gathered into one padded tensor and
+           attended in one call:
                kv_indices [nb, max_len] = req_to_token[req_pool_indices, :max_len]
                mask       [nb, 1, L, max_len]: key j visible to query i iff j <= prefix_len + i
   ragged   requests with a long query block (PREFILL, EXTEND chunks). One call each, because
@@ -82,7 +83,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         if mode.is_idle() or fb.batch_size == 0:
             fb.attn_metadata = TorchNativeMetadata(None, [])
             return
-        if mode.is_decode() or mode.is_target_verify():
+        if mode.is_target_verify():
+            fb.attn_metadata = TorchNativeMetadata(self._verify_rows(fb), [])
+            return
+        if mode.is_decode():
             batched_rows = list(range(fb.batch_size))
         elif mode.is_mixed() and fb.num_extend_reqs is not None:
             batched_rows = list(range(fb.num_extend_reqs, fb.batch_size))  # the decodes
@@ -131,6 +135,39 @@ class TorchNativeAttnBackend(AttentionBackend):
             starts[r] == j * q_len for j, r in enumerate(rows)
         )
         return BatchedPart(token_idx, q_len, kv_indices, mask, seq_lens.contiguous(), all_rows)
+
+    def _verify_rows(self, fb: ForwardBatch) -> BatchedPart:
+        """TARGET_VERIFY: requests verify different numbers of drafts (0 .. k), so their query blocks differ
+        in length; row j of a request sees keys 0 .. prefix_len + j of its KV row (its history, the drafts
+        before it, itself: all written before attention).
+
+        A kernel that reads visibility from seq_lens (batched_mask False: cpu_paged) gets every row as a
+        one-token query of its own, which is exactly the DECODE step plain decoding runs at that position:
+
+            request A (2 drafts)  rows a0 a1 a2  ->  3 queries on A's slot row, seq_lens p+1 p+2 p+3
+            request B (0 drafts)  row  b0        ->  1 query on B's slot row,  seq_len  q+1
+
+        SDPA gets one block per request, padded to the longest: a pad repeats its request's last row (same
+        query, same keys), so the duplicate outputs it scatters are that row's own. The history is gathered
+        once per request, not once per row."""
+        bs, n = fb.batch_size, fb.input_ids.shape[0]
+        max_len = max(fb.seq_lens_cpu)
+        rtt = fb.req_to_token_pool.req_to_token
+        key_pos = torch.arange(max_len, device=self.device)
+        if not self.batched_mask:
+            req_of_row = torch.repeat_interleave(torch.arange(bs, device=self.device), fb.extend_seq_lens)  # [n]
+            seq_lens = (fb.positions + 1).contiguous()  # [n] keys each row sees
+            kv_indices = rtt[fb.req_pool_indices[req_of_row], :max_len].contiguous()  # [n, max_len]
+            return BatchedPart(torch.arange(n, device=self.device), 1, kv_indices, None, seq_lens, True)
+        q_len = max(fb.extend_seq_lens_cpu)
+        j = torch.minimum(torch.arange(q_len, device=self.device).unsqueeze(0),
+                          (fb.extend_seq_lens - 1).unsqueeze(1))  # [bs, L] row of the block (pads: the last)
+        token_idx = (fb.extend_start_loc.unsqueeze(1) + j).reshape(-1)  # [bs * L]
+        q_pos = fb.extend_prefix_lens.unsqueeze(1) + j  # [bs, L]
+        mask = (key_pos.view(1, 1, max_len) <= q_pos.unsqueeze(-1)).unsqueeze(1)  # [bs, 1, L, max_len]
+        kv_indices = rtt[fb.req_pool_indices, :max_len].contiguous()  # [bs, max_len]
+        all_rows = q_len * bs == n
+        return BatchedPart(token_idx, q_len, kv_indices, mask, fb.seq_lens.contiguous(), all_rows)
 
     def _ragged_item(self, fb: ForwardBatch, i: int, start: int) -> RaggedItem:
         ext, pre = fb.extend_seq_lens_cpu[i], fb.extend_prefix_lens_cpu[i]

@@ -11,8 +11,9 @@
     int4   every projection and the LM head quantised to Q4_1 at load (min/max per 32-block)
     none   float only (the exact mode)
 
-The low-bit copy is what one-row (and few-row) steps use; longer steps keep the float weights, which
-stay loaded (prefill is compute-bound, where oneDNN's float GEMM is the faster kernel). A projection
+The low-bit copy is what every step uses on a CPU whose float GEMMs would be float32 (the float copies are
+then released), and steps of up to ModelRunner.quant_max_rows rows where they are bf16 (AMX wins the
+long, compute-bound ones); layers/linear.py: resolve_low_bit_max_rows. A projection
 stacked from several checkpoint tensors (q/k/v, gate/up) takes the larger format when they differ.
 """
 
