@@ -10,14 +10,14 @@ import httpx
 import pytest
 
 from tests.browser.conftest import API_KEY, TIMEOUT_MS
-from tests.distributed.test_tensor_parallel import _tiny
+from tests.distributed.conftest import make_tiny_model
 from tests.server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")
 def web_server(tmp_path_factory, default_model_path: str) -> Iterator[ServerProcess]:
     """Replaces the conftest's server for this module: two replicas, round robin."""
-    tiny = _tiny(tmp_path_factory.mktemp("web-dp"), 4, 2)
+    tiny = make_tiny_model(tmp_path_factory.mktemp("web-dp"), 4, 2)
     srv = ServerProcess(["--api-key", API_KEY, "--model-path", tiny, "--tokenizer-path", default_model_path,
                          "--dp-size", "2", "--load-balance-method", "round_robin", "--context-length", "256",
                          "--max-total-tokens", "1024", "--num-threads", "1"], api_key=API_KEY, context_len=256)
