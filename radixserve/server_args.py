@@ -65,8 +65,8 @@ class ServerArgs:
     )
     quant_max_rows: int | None = _knob(
         None, "with low-bit weights: steps of at most this many rows run the low-bit copy, longer ones the float "
-        "weights. None = auto: every step where the float GEMMs would run in float32 (the integer kernels are "
-        "faster at every size there, and the float copies are then not kept), 32 where they run in bf16 (AMX)"
+        "weights. None = auto: every step (the integer kernels are as fast or faster at every size, and the "
+        "float copies are then not kept), except on AMX with bf16 GEMMs: 32 (AMX tiles win the long steps)"
     )
     disable_cpu_graph: bool = _knob(
         False, "run DECODE steps layer by layer in Python instead of the native decoder stack (CpuGraphRunner, "

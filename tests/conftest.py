@@ -43,13 +43,13 @@ def tokenizer(default_model_path: str):
 
 @pytest.fixture(scope="session")
 def model_runner(default_model_path: str):
-    """The real ModelRunner on the default model in the exact mode (float32, --quantization none: what
+    """The real ModelRunner on the default model in the exact mode (--dtype float32 --quantization none: what
     the transformers oracle is compared with), page_size 1, a modest KV pool."""
     from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.server_args import ServerArgs
 
     args = ServerArgs(model_path=default_model_path, max_total_tokens=16384, max_running_requests=64,
-                      quantization="none")
+                      quantization="none", dtype="float32")
     return ModelRunner(args)
 
 

@@ -51,11 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _runner(model_path: str | None, quantization: str, threads: int | None) -> Any:
+def _runner(model_path: str | None, quantization: str, threads: int | None, dtype: str = "auto") -> Any:
     from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.server_args import ServerArgs
 
-    return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, max_total_tokens=4096,
+    return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, dtype=dtype, max_total_tokens=4096,
                                   max_running_requests=2, num_threads=threads, show_progress=False))
 
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         check_binary(args.llama_server, "--llama-server")
     from radixserve.model_loader import get_tokenizer
 
-    exact = _runner(args.model_path, "none", args.threads)
+    exact = _runner(args.model_path, "none", args.threads, dtype="float32")  # the exact mode, on every CPU
     tok = get_tokenizer(exact.model_path)
     # the text the chat template writes, tokenised as the server tokenises a chat prompt (no extra BOS)
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,

@@ -179,6 +179,17 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
                     break
     except OSError:
         pass
+    if torch.device(device).type == "cpu":
+        # which of the features that pick a code path this CPU has, and the kernel variant it gets
+        from radixserve.kernels.cpu import loader
+
+        flags = loader.cpu_info()[0]
+        info["cpu_features"] = sorted(flags & {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16",
+                                               "amx_int8"})
+        try:
+            info["kernel_variant"] = loader.selected_isa()
+        except ValueError as e:  # a bad RADIXSERVE_CPU_ISA: say so in the record rather than fail the bench
+            info["kernel_variant"] = str(e)
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(device)
     info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None

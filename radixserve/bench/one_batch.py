@@ -57,11 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.profiler over one decode step at the smallest and largest batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
-                   help="ServerArgs.quantization to measure (none = the exact float32 mode)")
+                   help="ServerArgs.quantization to measure (none with --dtype float32 = the exact mode)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="ServerArgs.dtype (the GEMMs' dtype; auto = bf16 on AMX / AVX512-BF16 CPUs)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="ServerArgs.kv_cache_dtype")
+    p.add_argument("--quant-max-rows", type=int, default=None,
+                   help="ServerArgs.quant_max_rows (which steps run the low-bit copy; default auto)")
     p.add_argument("--disable-cpu-graph", action="store_true",
                    help="decode layer by layer in Python (ServerArgs.disable_cpu_graph)")
     p.add_argument("--enable-deterministic-inference", action="store_true",
@@ -87,6 +89,7 @@ def make_runner(args: argparse.Namespace) -> Any:
         max_running_requests=max(args.batch_sizes) + 1, num_threads=args.threads, show_progress=False,
         enable_deterministic_inference=args.enable_deterministic_inference, quantization=args.quantization,
         disable_cpu_graph=args.disable_cpu_graph, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+        quant_max_rows=args.quant_max_rows,
     )
     from radixserve.model_loader import get_model_config
 

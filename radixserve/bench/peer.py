@@ -5,8 +5,9 @@ llama.cpp is measured by its own `llama-bench` (a binary given by path: build it
 figures it defines: pp512 (prefill of 512 tokens) and tg128 (128 generated tokens from an empty
 context). radixserve is measured through the real ModelRunner (bench one-batch) on the same figures:
 a 512-token PREFILL and batch-1 DECODE steps at context 128 (the far end of tg128's contexts, so the
-comparison does not favour radixserve), once per requested format (--formats exact,auto,int8,int4;
-exact = --quantization none). Both sides run one after the other with nothing else in between.
+comparison does not favour radixserve), once per requested format (--formats exact,auto,none,int8,int4:
+exact = --dtype float32 --quantization none; none = float weights in the default dtype, bf16 on a CPU with
+native bf16 matmul; the others are --quantization values with the default dtype). Both sides run one after the other with nothing else in between.
 
     radixserve bench peer --llama-bench /tmp/peer/llama.cpp/build/bin/llama-bench --threads 2
 """
@@ -22,7 +23,9 @@ from typing import Any
 from radixserve.bench import one_batch
 from radixserve.bench.common import print_table, write_json
 
-FORMATS = {"exact": "none", "auto": "auto", "int8": "int8", "int4": "int4"}
+# format -> (ServerArgs.quantization, ServerArgs.dtype)
+FORMATS = {"exact": ("none", "float32"), "auto": ("auto", "auto"), "none": ("none", "auto"),
+           "int8": ("int8", "auto"), "int4": ("int4", "auto")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +63,8 @@ def llama_bench(binary: str, gguf: str, threads: int, prompt_len: int, gen_len: 
 
 def radixserve_figures(fmt: str, args: argparse.Namespace) -> dict[str, float]:
     ns = one_batch.build_parser().parse_args([])
-    ns.model_path, ns.threads, ns.quantization = args.model_path, args.threads, FORMATS[fmt]
+    ns.model_path, ns.threads = args.model_path, args.threads
+    ns.quantization, ns.dtype = FORMATS[fmt]
     ns.kv_cache_dtype = args.kv_cache_dtype
     ns.prefill_lens, ns.batch_sizes, ns.context_lens = [args.prompt_len], [1], [args.context_len]
     ns.repeats, ns.warmup = args.repeats, 2

@@ -40,20 +40,27 @@ LINEAR_BACKENDS = ("auto", "torch", "onednn")
 
 # Which steps run on the low-bit copy (QuantWeight) when the runner has one. The integer kernels
 # (kernels/cpu/csrc/quant_linear.cpp) take activation rows 4 at a time against each unpacked weight
-# block; measured on the 2-core AVX2 dev machine they beat oneDNN's float32 GEMM at every row count
-# (4-5x at 1 row, 1.5-2.3x at 8-128 rows, 1.3x at 512), so with a float32 float path every step runs
-# low-bit and the float copies of the quantised projections are not even kept. A CPU whose float path
-# is bf16 on AMX (~1,100 GFLOP/s) wins long steps with it: there steps of more rows than this run the
-# bf16 GEMMs (the crossover of a ~1 TFLOP/s GEMM against the ~0.2-0.3 TOP/s integer path).
-LOW_BIT_MAX_ROWS_WITH_BF16 = 32
+# block. Measured: on an AVX2 Zen 3 they beat oneDNN's float32 GEMM at every row count (4-5x at 1 row,
+# 1.5-2.3x at 8-128 rows, 1.3x at 512); on an AVX512-VNNI / AVX512-BF16 Zen 4 without AMX they run
+# prefill and batch-64 steps as fast as oneDNN's bf16 GEMM (AVX512-BF16 dot products: ~2x float32,
+# the same as the VNNI integer sums after their unpacking). So every step runs low-bit there, and the
+# float copies of the quantised projections are not even kept: one kernel for every step size also
+# makes a request's result independent of its batch. Only AMX (bf16 tiles, ~1,100 GFLOP/s, 4-5x the
+# integer path) wins long steps: there steps of more rows than this run the bf16 GEMMs.
+LOW_BIT_MAX_ROWS_WITH_AMX = 32
 
 
-def resolve_low_bit_max_rows(setting: int | None, gemm_dtype: torch.dtype) -> int | None:
-    """ServerArgs.quant_max_rows -> the cap a runner uses: an explicit value as given, else None (every
-    step) when the float GEMMs would run in float32, LOW_BIT_MAX_ROWS_WITH_BF16 when they run in bf16."""
+def resolve_low_bit_max_rows(setting: int | None, gemm_dtype: torch.dtype, amx: bool | None = None) -> int | None:
+    """ServerArgs.quant_max_rows -> the cap a runner uses: an explicit value as given, else
+    LOW_BIT_MAX_ROWS_WITH_AMX when the float GEMMs run in bf16 on AMX tiles (`amx`: default, what this CPU
+    reports), None (every step) otherwise."""
     if setting:
         return setting
-    return LOW_BIT_MAX_ROWS_WITH_BF16 if gemm_dtype == torch.bfloat16 else None
+    if amx is None:
+        from radixserve.kernels.cpu.loader import cpu_info
+
+        amx = "amx_bf16" in cpu_info()[0]
+    return LOW_BIT_MAX_ROWS_WITH_AMX if gemm_dtype == torch.bfloat16 and amx else None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ GREEDY8 = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def dp2():
     """DP=2 on the default model, exact and batch-invariant, one thread per replica (as the reference)."""
-    with radixserve.Engine(dp_size=2, quantization="none", enable_deterministic_inference=True, num_threads=1,
+    with radixserve.Engine(dp_size=2, quantization="none", dtype="float32", enable_deterministic_inference=True, num_threads=1,
                            max_total_tokens=2048, context_length=512, check_invariants=True,
                            show_progress=False) as eng:
         yield eng
@@ -55,7 +55,7 @@ def tiny(tiny_models) -> str:
 
 def _tiny_engine(path: str, tokenizer: str, **kw) -> radixserve.Engine:
     return radixserve.Engine(model_path=path, tokenizer_path=tokenizer, max_total_tokens=1024, context_length=256,
-                             num_threads=1, quantization="none", check_invariants=True, show_progress=False, **kw)
+                             num_threads=1, quantization="none", dtype="float32", check_invariants=True, show_progress=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def tiny_server(tiny, default_model_path):
     """`radixserve serve --dp-size 2 --load-balance-method round_robin` on the tiny model (killed by the last test)."""
     srv = ServerProcess(["--model-path", tiny, "--tokenizer-path", default_model_path, "--dp-size", "2",
                          "--max-total-tokens", "1024", "--context-length", "256", "--num-threads", "1",
-                         "--quantization", "none", "--load-balance-method", "round_robin"])
+                         "--quantization", "none", "--dtype", "float32", "--load-balance-method", "round_robin"])
     yield from srv.running()
 
 
@@ -188,7 +188,7 @@ def test_tp2_x_dp2_matches_tp1(tiny, default_model_path, tiny_tp2_pa) -> None:
     prev = torch.get_num_threads()
     try:  # the reference: one process, TP=1 DP=1
         sched = Scheduler(ServerArgs(model_path=tiny, tokenizer_path=default_model_path, max_total_tokens=1024,
-                                     context_length=256, num_threads=1, quantization="none", check_invariants=True))
+                                     context_length=256, num_threads=1, quantization="none", dtype="float32", check_invariants=True))
         want = run(sched, {str(i): p for i, p in enumerate(ids)}, greedy(4))
     finally:
         torch.set_num_threads(prev)

@@ -92,7 +92,7 @@ def test_tp2_over_two_launches_serves_and_sigterm_stops_every_rank(tiny_models, 
     path = tiny_models(4, 2)
     args = ["--model-path", path, "--tokenizer-path", default_model_path, "--max-total-tokens", "1024"]
     want = _one_process(Scheduler(ServerArgs(model_path=path, tokenizer_path=default_model_path,
-                                             max_total_tokens=1024, quantization="none")))
+                                             max_total_tokens=1024, quantization="none", dtype="float32")))
     node0, node1 = _nodes(["--tp-size", "2", *args])
     try:
         everything = descendants(node0.proc.pid) + descendants(node1.proc.pid)

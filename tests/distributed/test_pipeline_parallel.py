@@ -30,7 +30,7 @@ PROMPTS = [
     "List three colours:",
     "Write a haiku about pipelines:",
 ]
-PP_ARGS = {"quantization": "none", "chunked_prefill_size": 32, "enable_mixed_chunk": True,
+PP_ARGS = {"quantization": "none", "dtype": "float32", "chunked_prefill_size": 32, "enable_mixed_chunk": True,
            "speculative_algorithm": "ngram", "max_total_tokens": 110, "init_new_token_ratio": 0.0,
            "min_new_token_ratio": 0.0}
 
@@ -102,7 +102,7 @@ def test_tp2_x_pp2_tiny_model_matches_one_process(tiny_models, default_model_pat
     path = tiny_models(4, 2, layers=4, tied=True)  # tied: the last stage's LM head loads the embedding
     ids = {"a": [5, 17, 99, 3, 42], "b": [7, 7, 7], "c": list(range(100, 140))}
     common = {"model_path": path, "tokenizer_path": default_model_path, "max_total_tokens": 512,
-              "quantization": "none", "chunked_prefill_size": 16}
+              "quantization": "none", "dtype": "float32", "chunked_prefill_size": 16}
     want = run(Scheduler(ServerArgs(**common, check_invariants=True)), ids, greedy(6))
     with radixserve.Engine(tp_size=2, pp_size=2, num_threads=1, check_invariants=True, show_progress=False,
                            **common) as eng:

@@ -18,6 +18,7 @@ PROMPTS = ["The capital of France is", "A radix tree is", "List three colours:"]
 
 def _engine(**kw):
     kw.setdefault("quantization", "none")
+    kw.setdefault("dtype", "float32")  # the exact mode on every CPU (auto is bf16 where bf16 matmul is native)
     return radixserve.Engine(check_invariants=True, show_progress=False, **kw)
 
 

@@ -62,6 +62,7 @@ def _make_engine() -> Any:
         max_total_tokens=4096,
         show_progress=False,
         quantization="none",
+        dtype="float32",
     )
 
 
@@ -130,7 +131,7 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
 
 
 STRUCTURED_ARGS = ["--context-length", "2048", "--api-key", API_KEY, "--max-total-tokens", "16384",
-                   "--check-invariants", "--quantization", "none", "--served-model-name", "smol,smollm2-alias"]
+                   "--check-invariants", "--quantization", "none", "--dtype", "float32", "--served-model-name", "smol,smollm2-alias"]
 
 
 @pytest.fixture(scope="session")
