@@ -126,10 +126,13 @@ def test_a_dead_or_hung_rank_stops_the_engine_naming_it(tiny_models, default_mod
     """SIGKILL: the launcher sees the exit at once. SIGSTOP: the rank is alive but hung, so rank 0's next
     collective times out after --dist-timeout (5 s here) and rank 0 exits naming the timeout."""
     path = tiny_models(4, 2)
+    # servers other tests' session fixtures keep running are this process's children too: not these ranks
+    before = {p.pid for p in descendants(psutil.Process().pid)}
     eng = radixserve.Engine(model_path=path, tokenizer_path=default_model_path, pp_size=2, max_total_tokens=512,
                             dist_timeout=5, show_progress=False)
     try:
-        ranks = [p for p in descendants(psutil.Process().pid) if "scheduler_process" in " ".join(p.cmdline())]
+        ranks = [p for p in descendants(psutil.Process().pid)
+                 if p.pid not in before and "scheduler_process" in " ".join(p.cmdline())]
         assert len(ranks) == 2
         assert eng.generate(input_ids=PROMPTS["b"], sampling_params=GREEDY)["output_ids"]
         victim = next(p for p in ranks if p.pid != eng.handle.handles[0].process.pid)  # rank 1

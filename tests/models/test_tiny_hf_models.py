@@ -47,8 +47,9 @@ def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(variant)
     model.save_pretrained(path, safe_serialization=True)
     linear, attention = BACKENDS[backend]
+    # the exact mode on every CPU (dtype auto would be bf16 GEMMs where bf16 matmul is native)
     runner = ModelRunner(ServerArgs(model_path=str(path), max_total_tokens=2048, max_running_requests=8,
-                                    linear_backend=linear, attention_backend=attention))
+                                    linear_backend=linear, attention_backend=attention, dtype="float32"))
     return model, runner
 
 
