@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -149,62 +150,145 @@ inline void weighted_sum(const float* __restrict p, const T* __restrict v, const
   for (int64_t t = 0; t < n; ++t) axpy(acc, p[t], v + idx[t] * row + off, D);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Scores of NG query heads that share one kv head (and one query position, hence one visible count)
+// against keys 0 .. visible - 1, for the 64 columns starting at c: each K chunk is loaded (and
+// widened from bf16) once for all NG heads, 4 keys at a time as independent FMA chains. Head g's
+// scores go to s0 + g * stride. Per head this is the very sequence of float operations the one-head
+// loop did before (mul, then 7 fmadds per key over the chunk's 8-lane slices, then the same
+// horizontal sums), so a row's scores still depend only on its own query, position and keys.
+template <int NG, typename T>
+inline void group_scores(const float* q, const T* kp, const int64_t* idx, int64_t koff, int64_t visible, int64_t D,
+                         int64_t row, int64_t c, float scale, float* s0, int64_t stride) {
+  int64_t t = 0;
+  for (; t + 4 <= visible; t += 4) {
+    if (t + kAhead + 3 < visible) {
+      for (int u = 0; u < 4; ++u) prefetch_row(kp + idx[t + kAhead + u] * row + koff + c, 64);
+    }
+    const T* k0 = kp + idx[t] * row + koff + c;
+    const T* k1 = kp + idx[t + 1] * row + koff + c;
+    const T* k2 = kp + idx[t + 2] * row + koff + c;
+    const T* k3 = kp + idx[t + 3] * row + koff + c;
+    __m256 a[NG][4];
+    {
+      const __m256 x0 = load8(k0), x1 = load8(k1), x2 = load8(k2), x3 = load8(k3);
+      for (int g = 0; g < NG; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + g * D + c);
+        a[g][0] = _mm256_mul_ps(qv, x0);
+        a[g][1] = _mm256_mul_ps(qv, x1);
+        a[g][2] = _mm256_mul_ps(qv, x2);
+        a[g][3] = _mm256_mul_ps(qv, x3);
+      }
+    }
+    for (int j = 1; j < 8; ++j) {
+      const __m256 x0 = load8(k0 + 8 * j), x1 = load8(k1 + 8 * j), x2 = load8(k2 + 8 * j), x3 = load8(k3 + 8 * j);
+      for (int g = 0; g < NG; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + g * D + c + 8 * j);
+        a[g][0] = _mm256_fmadd_ps(qv, x0, a[g][0]);
+        a[g][1] = _mm256_fmadd_ps(qv, x1, a[g][1]);
+        a[g][2] = _mm256_fmadd_ps(qv, x2, a[g][2]);
+        a[g][3] = _mm256_fmadd_ps(qv, x3, a[g][3]);
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      // 4 horizontal sums at once: [a0 a1 a2 a3] -> one __m128
+      const __m256 h01 = _mm256_hadd_ps(a[g][0], a[g][1]), h23 = _mm256_hadd_ps(a[g][2], a[g][3]);
+      const __m256 h0123 = _mm256_hadd_ps(h01, h23);
+      __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(h0123), _mm256_extractf128_ps(h0123, 1));
+      sum4 = _mm_mul_ps(sum4, _mm_set1_ps(scale));
+      float* s = s0 + g * stride + t;
+      _mm_storeu_ps(s, c == 0 ? sum4 : _mm_add_ps(_mm_loadu_ps(s), sum4));
+    }
+  }
+  for (; t < visible; ++t) {
+    for (int g = 0; g < NG; ++g) {
+      const float v = dot(q + g * D + c, kp + idx[t] * row + koff + c, 64) * scale;
+      float* s = s0 + g * stride;
+      s[t] = c == 0 ? v : s[t] + v;
+    }
+  }
+}
+
+// acc rows g < NG (acc0 + g * D) = sum_t p_g[t] * V[t] over t < n, with p_g = p0 + g * pstride: the NG
+// heads of one kv head at one position see the same V rows, so each V chunk is loaded and widened once
+// for all of them. Per head and column the sum runs over t in order from 0 as weighted_sum's does.
+template <int NG, typename T>
+inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, const T* __restrict v,
+                               const int64_t* __restrict idx, int64_t row, int64_t off, int64_t n, int64_t D,
+                               float* __restrict acc0) {
+  for (int64_t c = 0; c < D; c += 32) {
+    __m256 a[NG][4];
+    for (int g = 0; g < NG; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 32);
+      const T* vr = v + idx[t] * row + off + c;
+      const __m256 x0 = load8(vr), x1 = load8(vr + 8), x2 = load8(vr + 16), x3 = load8(vr + 24);
+      for (int g = 0; g < NG; ++g) {
+        const __m256 w = _mm256_set1_ps(p0[g * pstride + t]);
+        a[g][0] = _mm256_fmadd_ps(w, x0, a[g][0]);
+        a[g][1] = _mm256_fmadd_ps(w, x1, a[g][1]);
+        a[g][2] = _mm256_fmadd_ps(w, x2, a[g][2]);
+        a[g][3] = _mm256_fmadd_ps(w, x3, a[g][3]);
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      for (int u = 0; u < 4; ++u) _mm256_storeu_ps(acc0 + g * D + c + 8 * u, a[g][u]);
+    }
+  }
+}
+#endif
+
+// heads [g0, g0 + ng) in chunks of at most 4, each chunk through f.template operator()<NG>(g0, ng)
+template <typename F>
+inline void for_head_chunks(int64_t G, F&& f) {
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    switch (std::min<int64_t>(4, G - g0)) {
+      case 1: f(std::integral_constant<int, 1>{}, g0); break;
+      case 2: f(std::integral_constant<int, 2>{}, g0); break;
+      case 3: f(std::integral_constant<int, 3>{}, g0); break;
+      default: f(std::integral_constant<int, 4>{}, g0); break;
+    }
+  }
+}
+
+// Weighted sums of the G rows of query position i (rows r0 .. r0 + G - 1, scores strided by pstride)
+// into acc + r0 * D: grouped when the layout has a vector path, else one row at a time.
+template <typename T>
+inline void rows_weighted_sum(const float* scores, int64_t pstride, const T* vp, const int64_t* idx, int64_t row,
+                              int64_t off, int64_t visible, int64_t G, int64_t D, float* acc) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 32 == 0) {
+    for_head_chunks(G, [&](auto ng, int64_t g0) {
+      group_weighted_sum<decltype(ng)::value>(scores + g0 * pstride, pstride, vp, idx, row, off, visible, D,
+                                              acc + g0 * D);
+    });
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g) weighted_sum(scores + g * pstride, vp, idx, row, off, visible, D, acc + g * D);
+}
+
 // Scores of query rows i0 <= i < i1 of one (request, kv head), row r = (i - i0) * G + g, against
 // their visible keys: query i sits at position pos0 + i and sees keys 0 .. pos0 + i. q0 is the
-// request's query row 0; row r's scores go to scores + r * stride. One row at a time with the
-// row's query (64 columns at a time) in registers and 4 keys per iteration as independent FMA
-// chains: a row's scores depend only on its query, its position and the keys, never on which
-// other rows share the call. False when this layout has no vector path (the caller then uses
-// dot_group).
+// request's query row 0; row r's scores go to scores + r * stride. The G heads of one position go
+// together (group_scores: each K chunk loaded once for them), 64 columns at a time; a row's scores
+// depend only on its query, its position and the keys, never on which other rows share the call.
+// False when this layout has no vector path (the caller then uses dot_group).
 template <typename T>
 inline bool rows_scores(const float* q0, const T* kp, const int64_t* idx, int64_t h, int64_t i0, int64_t i1,
                         int64_t pos0, int64_t H, int64_t G, int64_t D, int64_t row, int64_t stride, float scale,
                         float* scores) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 64 != 0) return false;
-  for (int64_t r = 0; r < (i1 - i0) * G; ++r) {
-    const int64_t i = i0 + r / G, g = r % G;
+  for (int64_t i = i0; i < i1; ++i) {
     const int64_t visible = pos0 + i + 1;
-    const float* q = q0 + (i * H + h * G + g) * D;
-    float* s = scores + r * stride;
-    for (int64_t c = 0; c < D; c += 64) {
-      __m256 qv[8];
-      for (int j = 0; j < 8; ++j) qv[j] = _mm256_loadu_ps(q + c + 8 * j);
-      int64_t t = 0;
-      for (; t + 4 <= visible; t += 4) {
-        if (t + kAhead + 3 < visible) {
-          for (int u = 0; u < 4; ++u) prefetch_row(kp + idx[t + kAhead + u] * row + h * D + c, 64);
-        }
-        const T* k0 = kp + idx[t] * row + h * D + c;
-        const T* k1 = kp + idx[t + 1] * row + h * D + c;
-        const T* k2 = kp + idx[t + 2] * row + h * D + c;
-        const T* k3 = kp + idx[t + 3] * row + h * D + c;
-        __m256 a0 = _mm256_mul_ps(qv[0], load8(k0));
-        __m256 a1 = _mm256_mul_ps(qv[0], load8(k1));
-        __m256 a2 = _mm256_mul_ps(qv[0], load8(k2));
-        __m256 a3 = _mm256_mul_ps(qv[0], load8(k3));
-        for (int j = 1; j < 8; ++j) {
-          a0 = _mm256_fmadd_ps(qv[j], load8(k0 + 8 * j), a0);
-          a1 = _mm256_fmadd_ps(qv[j], load8(k1 + 8 * j), a1);
-          a2 = _mm256_fmadd_ps(qv[j], load8(k2 + 8 * j), a2);
-          a3 = _mm256_fmadd_ps(qv[j], load8(k3 + 8 * j), a3);
-        }
-        // 4 horizontal sums at once: [a0 a1 a2 a3] -> one __m128
-        const __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
-        const __m256 h0123 = _mm256_hadd_ps(h01, h23);
-        __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(h0123), _mm256_extractf128_ps(h0123, 1));
-        sum4 = _mm_mul_ps(sum4, _mm_set1_ps(scale));
-        if (c == 0) {
-          _mm_storeu_ps(s + t, sum4);
-        } else {
-          _mm_storeu_ps(s + t, _mm_add_ps(_mm_loadu_ps(s + t), sum4));
-        }
+    for_head_chunks(G, [&](auto ng, int64_t g0) {
+      const float* q = q0 + (i * H + h * G + g0) * D;
+      float* s0 = scores + ((i - i0) * G + g0) * stride;
+      for (int64_t c = 0; c < D; c += 64) {
+        group_scores<decltype(ng)::value>(q, kp, idx, h * D, visible, D, row, c, scale, s0, stride);
       }
-      for (; t < visible; ++t) {
-        const float v = dot(q + c, kp + idx[t] * row + h * D + c, 64) * scale;
-        s[t] = c == 0 ? v : s[t] + v;
-      }
-    }
+    });
   }
   return true;
 #else
@@ -304,9 +388,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       // Pass 2: weighted sum of V rows, one query row at a time with its 64-column slice of the
       // accumulator held in registers (an in-memory accumulator updated per key stalled on
       // store-to-load forwarding). Each V row is read R times, from L1/L2 after the first.
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t visible = len - L + r / G + 1;
-        weighted_sum(scores.data() + r * len, vp, idx, row, h * D, visible, D, acc.data() + r * D);
+      for (int64_t i = 0; i < L; ++i) {
+        rows_weighted_sum(scores.data() + i * G * len, len, vp, idx, row, h * D, len - L + i + 1, G, D,
+                          acc.data() + i * G * D);
       }
       for (int64_t r = 0; r < R; ++r) {
         const int64_t i = r / G, g = r % G;
@@ -340,17 +424,14 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 constexpr int64_t kRowBlock = 16;
 
 namespace {
-template <typename T>
-inline void softmax_weighted_row(float* s, int64_t visible, const T* vp, const int64_t* idx, int64_t row,
-                                 int64_t off, int64_t D, float* acc, float* orow) {
+// exp(s[t] - max) in place over the visible keys; returns 1 / their sum (applied at the end)
+inline float softmax_row(float* s, int64_t visible) {
   float m = s[0];
   for (int64_t t = 1; t < visible; ++t) m = s[t] > m ? s[t] : m;
   float sum = 0.f;
   for (int64_t t = 0; t < visible; ++t) s[t] = std::exp(s[t] - m);
   for (int64_t t = 0; t < visible; ++t) sum += s[t];
-  const float inv = 1.f / sum;
-  weighted_sum(s, vp, idx, row, off, visible, D, acc);
-  for (int64_t d = 0; d < D; ++d) orow[d] = acc[d] * inv;
+  return 1.f / sum;
 }
 
 }  // namespace
@@ -400,7 +481,7 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t row = Hkv * D;  // floats per slot: all kv heads of one token
   with_kv(k, v, [&](const auto* kp, const auto* vp) {
   at::parallel_for(0, nblocks * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf, acc(D), sg(G);
+    std::vector<float> buf, acc(G * D), sg(G), inv(G);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = blocks[w / Hkv].first, i0 = blocks[w / Hkv].second, h = w % Hkv;
       const int64_t i1 = std::min(i0 + kRowBlock, np[b]);
@@ -423,10 +504,15 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
           }
         }
       }
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t i = i0 + r / G, g = r % G;
-        float* orow = op + ((sp[b] + i) * H + h * G + g) * D;
-        softmax_weighted_row(scores + r * stride, pos0 + i + 1, vp, idx, row, h * D, D, acc.data(), orow);
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t visible = pos0 + i + 1;
+        float* s0 = scores + (i - i0) * G * stride;
+        for (int64_t g = 0; g < G; ++g) inv[g] = softmax_row(s0 + g * stride, visible);
+        rows_weighted_sum(s0, stride, vp, idx, row, h * D, visible, G, D, acc.data());
+        for (int64_t g = 0; g < G; ++g) {
+          float* orow = op + ((sp[b] + i) * H + h * G + g) * D;
+          for (int64_t d = 0; d < D; ++d) orow[d] = acc[g * D + d] * inv[g];
+        }
       }
     }
   });
