@@ -91,6 +91,12 @@ class GrammarQueue:
         """The request accepted `token_id`: move its matcher on. The grammar's end is a stop even
         with ignore_eos (past its end nothing is valid)."""
         if not req.grammar.accept(token_id):
+            if not req.grammar.allows_any_token():
+                # the mask allowed nothing, so the sampler's pick is meaningless: the constraint, not
+                # the server, is at fault (400), and the request ends here
+                spec = req.sampling_params.constraint()
+                return _failed(req, f"{spec.kind if spec else 'grammar'}: the constraint admits no token after {len(req.output_ids) - 1} "
+                                    "generated tokens (this model's vocabulary cannot continue it)").finished_reason
             # the mask allowed only valid tokens, so this is a bug; the request fails alone (500)
             raise RuntimeError(f"token {token_id} violates the request's grammar")
         if reason is None and req.grammar.is_terminated():

@@ -49,6 +49,14 @@ class Grammar:
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
+    def allows_any_token(self) -> bool:
+        """Whether some token can continue from here. A constraint can reach a dead end that compiles
+        fine: text this vocabulary cannot spell (a private-use character whose UTF-8 bytes no token
+        sequence completes), or a language that is empty past some point."""
+        mask = new_bitmask(1, self.vocab_size)
+        self.fill(mask, 0)
+        return bool((mask != 0).any())
+
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     """int32 [rows, ceil(vocab / 32)], every token allowed (bit set = allowed; xgrammar's layout)."""

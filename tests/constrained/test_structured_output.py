@@ -119,6 +119,29 @@ def test_speculative_drafts_and_retraction_keep_constrained_output(make_schedule
     assert compare(want, got) == 0
 
 
+def test_a_constraint_the_vocabulary_cannot_continue_is_a_400_for_that_request_only(sched, tokenizer) -> None:
+    """Found by the OpenAPI fuzz: a regex of private-use characters compiles, its first byte token is
+    allowed, and then no token continues it. The request ends with a 400 naming the constraint; a
+    request beside it in the batch goes on as if alone; nothing is left in the pool."""
+    ids = _chat(tokenizer, "Write anything.")
+    stuck = SamplingParams(max_new_tokens=16, temperature=0.0, regex="\U000fe185$9\xa0\U000844b4")
+    plain = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    alone = run(sched, {"p": ids}, plain)["p"].output_ids
+    assert sched.add_request(TokenizedGenerateReqInput("stuck", ids, stuck)) is None
+    assert sched.add_request(TokenizedGenerateReqInput("plain", ids, plain)) is None
+    outs: dict = {}
+    while sched.has_work() or sched.output_processor.pending:
+        for o in sched.step():
+            outs.setdefault(o.rid, []).append(o)
+    last = outs["stuck"][-1]
+    assert last.error_status == 400 and last.error.startswith("regex: the constraint admits no token"), last.error
+    assert [t for o in outs["plain"] for t in o.new_token_ids] == alone
+    assert outs["plain"][-1].error is None
+    sched.tree_cache.reset()
+    assert sched.allocator.available_size() == sched.allocator.total_size
+    assert sched.stats["num_failed_reqs"] == 0  # not an internal error
+
+
 def test_grammar_queue_abort_and_compile_timeout(make_scheduler, tokenizer) -> None:
     sched = make_scheduler(grammar_compile_timeout=1e-6)
     ids = _chat(tokenizer, "JSON please")
