@@ -80,8 +80,11 @@ def test_stop_aborts_the_request(page: Any, api: httpx.Client) -> None:
     assert page.is_enabled("#send") and not page.is_enabled("#stop")
 
 
-def _load(api: httpx.Client, done: threading.Event, rounds: int = 2, concurrency: int = 4) -> None:
-    """Background chat load: `rounds` waves of `concurrency` requests of 32 tokens."""
+def _load(api: httpx.Client, done: threading.Event, seen_enough: threading.Event, concurrency: int = 4,
+          min_rounds: int = 2, max_rounds: int = 30) -> None:
+    """Background chat load: waves of `concurrency` requests of 32 tokens, at least `min_rounds` and then
+    until the watcher has seen what it looks for: on a fast CPU a wave lasts less than a few dashboard
+    refreshes, so a fixed number of waves could come and go between two of them."""
     body = {"max_tokens": 32, "temperature": 0, "ignore_eos": True}
 
     def one(i: int, r: int) -> None:
@@ -89,7 +92,9 @@ def _load(api: httpx.Client, done: threading.Event, rounds: int = 2, concurrency
         assert api.post("/v1/chat/completions", json={**body, "messages": msgs}).status_code == 200
 
     try:
-        for r in range(rounds):
+        for r in range(max_rounds):
+            if r >= min_rounds and seen_enough.is_set():
+                break
             threads = [threading.Thread(target=one, args=(i, r)) for i in range(concurrency)]
             for t in threads:
                 t.start()
@@ -116,13 +121,16 @@ def test_dashboard_follows_a_background_load(page: Any, api: httpx.Client) -> No
     page.click("a[data-view=dashboard]")
     page.wait_for_selector("#dash-status[data-kind=live]")
     total = api.get("/get_server_info").json()["max_total_num_tokens"]
-    done = threading.Event()
-    load = threading.Thread(target=_load, args=(api, done))
+    done, seen_enough = threading.Event(), threading.Event()
+    load = threading.Thread(target=_load, args=(api, done, seen_enough))
     load.start()
     seen = []
     try:
         while not done.is_set():
             seen.append(_dashboard_numbers(page))
+            if (max(x["running"] for x in seen) >= 2 and max(x["kv_running"] for x in seen) > 0
+                    and max(x["bs"] for x in seen) >= 2 and len({x["step"] for x in seen}) >= 3):
+                seen_enough.set()
             time.sleep(0.25)
     finally:
         load.join()
