@@ -257,10 +257,9 @@ class ServerArgs:
         for name in ("tp_size", "pp_size", "dp_size", "nnodes"):
             if getattr(self, name) < 1:
                 bad(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.tp_size > MAX_RANKS:
-            bad("tp_size", f"must be <= {MAX_RANKS}, got {self.tp_size}")
-        if self.pp_size > MAX_RANKS:
-            bad("pp_size", f"must be <= {MAX_RANKS}, got {self.pp_size}")
+        for name in ("tp_size", "pp_size"):
+            if getattr(self, name) > MAX_RANKS:
+                bad(name, f"must be <= {MAX_RANKS}, got {getattr(self, name)}")
         if self.ranks_per_replica > MAX_RANKS:
             bad("pp_size", f"tp_size * pp_size must be <= {MAX_RANKS}, got {self.tp_size} * {self.pp_size}")
         if self.dp_size > MAX_DP_SIZE or self.ranks_per_replica * self.dp_size > MAX_PROCESSES:

@@ -129,6 +129,22 @@ def test_extend_attention_matches_sdpa(seed, lens, heads, D, bf16):
     torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("op", ["extend_attention", "paged_attention_varlen"])
+def test_varlen_ops_refuse_bad_tables_naming_themselves(op):
+    """Both variable-length ops share one argument rule (check_varlen_attention); each names itself."""
+    q, k_pool = torch.randn(4, 4, 16), torch.randn(8, 2, 16)
+    ok = {"kv_idx": torch.arange(8).view(1, 8), "seq_lens": torch.tensor([6]), "q_start": torch.tensor([0]),
+          "q_lens": torch.tensor([4])}
+    for field, value, message in (("kv_idx", torch.full((1, 8), 10**6), "outside the pool of 8"),
+                                  ("q_start", torch.tensor([3]), "outside q's 4 rows"),
+                                  ("seq_lens", torch.tensor([9]), "seq_len 9 of request 0 outside"),
+                                  ("q_lens", torch.tensor([4, 1]), "one entry per kv_idx row")):
+        a = {**ok, field: value}
+        with pytest.raises(RuntimeError, match=f"{op}: .*{message}"):
+            getattr(ops, op)(q, k_pool, k_pool.clone(), a["kv_idx"], a["seq_lens"], a["q_start"], a["q_lens"],
+                             0.25, torch.empty_like(q))
+
+
 def test_rows_beyond_seq_len_are_never_read():
     """Slot-table entries past a request's seq_len may be garbage (freed slots): they must not matter."""
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(3, 4, 1, 9, 3, 64, 40)

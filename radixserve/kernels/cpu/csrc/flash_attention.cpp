@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "ops.h"
 
 namespace radixserve {
 namespace {
@@ -214,24 +215,10 @@ void run_item(const Item& it, const float* qp, const T* kp, const T* vp, const i
 void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                       const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens, double scale,
                       at::Tensor& out) {
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "extend_attention: CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
-                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
-              "extend_attention: q and out float32, k and v both float32 or both bfloat16");
-  TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
-                  q_start.scalar_type() == at::kLong && q_lens.scalar_type() == at::kLong,
-              "extend_attention: kv_idx, seq_lens, q_start and q_lens must be int64");
-  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous() &&
-                  kv_idx.is_contiguous() && seq_lens.is_contiguous() && q_start.is_contiguous() &&
-                  q_lens.is_contiguous(),
-              "extend_attention: contiguous tensors only");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && out.sizes() == q.sizes() && kv_idx.dim() == 2,
-              "extend_attention: bad ranks or shapes");
-  const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1), n = q.size(0);
-  const int64_t H = q.size(1), D = q.size(2), S = k.size(0), Hkv = k.size(1);
-  TORCH_CHECK(seq_lens.numel() == nb && q_start.numel() == nb && q_lens.numel() == nb,
-              "extend_attention: seq_lens, q_start and q_lens need one entry per kv_idx row");
-  TORCH_CHECK(k.size(2) == D && Hkv >= 1 && H % Hkv == 0 && D % 8 == 0, "extend_attention: head layout mismatch");
+  check_varlen_attention("extend_attention", q, k, v, kv_idx, seq_lens, q_start, q_lens, out);
+  const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1);
+  const int64_t H = q.size(1), D = q.size(2), Hkv = k.size(1);
+  TORCH_CHECK(D % 8 == 0, "extend_attention: head size ", D, " is not a multiple of 8");
   const int64_t G = H / Hkv;
   const int64_t* ip = kv_idx.data_ptr<int64_t>();
   const int64_t* lp = seq_lens.data_ptr<int64_t>();
@@ -239,14 +226,6 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const int64_t* np = q_lens.data_ptr<int64_t>();
   std::vector<Item> items;
   for (int64_t b = 0; b < nb; ++b) {
-    TORCH_CHECK(np[b] >= 0 && sp[b] >= 0 && sp[b] + np[b] <= n, "extend_attention: query rows [", sp[b], ", ",
-                sp[b] + np[b], ") of request ", b, " outside q's ", n, " rows");
-    TORCH_CHECK(lp[b] >= np[b] && lp[b] <= max_len, "extend_attention: seq_len ", lp[b], " of request ", b,
-                " outside [", np[b], ", ", max_len, "]");
-    for (int64_t t = 0; t < lp[b]; ++t) {
-      const int64_t slot = ip[b * max_len + t];
-      TORCH_CHECK(slot >= 0 && slot < S, "extend_attention: slot ", slot, " outside the pool of ", S);
-    }
     for (int64_t i0 = 0; i0 < np[b]; i0 += kQBlock) {
       const int64_t i1 = std::min(i0 + kQBlock, np[b]);
       for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, i0, i1, (i1 - i0) * (lp[b] - np[b] + i1)});

@@ -238,7 +238,8 @@ inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, cons
 }
 #endif
 
-// heads [g0, g0 + ng) in chunks of at most 4, each chunk through f.template operator()<NG>(g0, ng)
+// The G heads in chunks of at most 4: f(integral_constant<NG>, g0) for heads g0 .. g0 + NG - 1, NG a
+// compile-time count so that a chunk's accumulators live in registers
 template <typename F>
 inline void for_head_chunks(int64_t G, F&& f) {
   for (int64_t g0 = 0; g0 < G; g0 += 4) {
@@ -436,27 +437,48 @@ inline float softmax_row(float* s, int64_t visible) {
 
 }  // namespace
 
-void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
-                            const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens,
-                            double scale, at::Tensor& out) {
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention_varlen: CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v),
-              "paged_attention_varlen: q and out float32, k and v both float32 or both bfloat16");
+void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& kv_idx, const at::Tensor& seq_lens, const at::Tensor& q_start,
+                            const at::Tensor& q_lens, const at::Tensor& out) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v), op,
+              ": q and out float32, k and v both float32 or both bfloat16");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
                   q_start.scalar_type() == at::kLong && q_lens.scalar_type() == at::kLong,
-              "paged_attention_varlen: kv_idx, seq_lens, q_start and q_lens must be int64");
+              op, ": kv_idx, seq_lens, q_start and q_lens must be int64");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous() &&
                   kv_idx.is_contiguous() && seq_lens.is_contiguous() && q_start.is_contiguous() &&
                   q_lens.is_contiguous(),
-              "paged_attention_varlen: contiguous tensors only");
+              op, ": contiguous tensors only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && out.sizes() == q.sizes() &&
                   kv_idx.dim() == 2,
-              "paged_attention_varlen: bad ranks or shapes");
-  const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1), n = q.size(0);
-  const int64_t H = q.size(1), D = q.size(2), S = k.size(0), Hkv = k.size(1);
-  TORCH_CHECK(seq_lens.numel() == nb && q_start.numel() == nb && q_lens.numel() == nb,
-              "paged_attention_varlen: seq_lens, q_start and q_lens need one entry per kv_idx row");
-  TORCH_CHECK(k.size(2) == D && Hkv >= 1 && H % Hkv == 0, "paged_attention_varlen: head layout mismatch");
+              op, ": bad ranks or shapes");
+  const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1), n = q.size(0), S = k.size(0), Hkv = k.size(1);
+  TORCH_CHECK(seq_lens.numel() == nb && q_start.numel() == nb && q_lens.numel() == nb, op,
+              ": seq_lens, q_start and q_lens need one entry per kv_idx row");
+  TORCH_CHECK(k.size(2) == q.size(2) && Hkv >= 1 && q.size(1) % Hkv == 0, op, ": head layout mismatch");
+  const int64_t* ip = kv_idx.data_ptr<int64_t>();
+  const int64_t* lp = seq_lens.data_ptr<int64_t>();
+  const int64_t* sp = q_start.data_ptr<int64_t>();
+  const int64_t* np = q_lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < nb; ++b) {
+    TORCH_CHECK(np[b] >= 0 && sp[b] >= 0 && sp[b] + np[b] <= n, op, ": query rows [", sp[b], ", ", sp[b] + np[b],
+                ") of request ", b, " outside q's ", n, " rows");
+    TORCH_CHECK(lp[b] >= np[b] && lp[b] <= max_len, op, ": seq_len ", lp[b], " of request ", b, " outside [", np[b],
+                ", ", max_len, "]");
+    for (int64_t t = 0; t < lp[b]; ++t) {
+      const int64_t slot = ip[b * max_len + t];
+      TORCH_CHECK(slot >= 0 && slot < S, op, ": slot ", slot, " outside the pool of ", S);
+    }
+  }
+}
+
+void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
+                            const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens,
+                            double scale, at::Tensor& out) {
+  check_varlen_attention("paged_attention_varlen", q, k, v, kv_idx, seq_lens, q_start, q_lens, out);
+  const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1);
+  const int64_t H = q.size(1), D = q.size(2), Hkv = k.size(1);
   const int64_t G = H / Hkv;
   const float fscale = static_cast<float>(scale);
   const float* qp = q.data_ptr<float>();
@@ -467,14 +489,6 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   float* op = out.data_ptr<float>();
   std::vector<std::pair<int64_t, int64_t>> blocks;  // (request, first query row of the block)
   for (int64_t b = 0; b < nb; ++b) {
-    TORCH_CHECK(np[b] >= 0 && sp[b] >= 0 && sp[b] + np[b] <= n, "paged_attention_varlen: query rows [", sp[b], ", ",
-                sp[b] + np[b], ") of request ", b, " outside q's ", n, " rows");
-    TORCH_CHECK(lp[b] >= np[b] && lp[b] <= max_len, "paged_attention_varlen: seq_len ", lp[b], " of request ", b,
-                " outside [", np[b], ", ", max_len, "]");
-    for (int64_t t = 0; t < lp[b]; ++t) {
-      const int64_t slot = ip[b * max_len + t];
-      TORCH_CHECK(slot >= 0 && slot < S, "paged_attention_varlen: slot ", slot, " outside the pool of ", S);
-    }
     for (int64_t i0 = 0; i0 < np[b]; i0 += kRowBlock) blocks.emplace_back(b, i0);
   }
   const int64_t nblocks = static_cast<int64_t>(blocks.size());
