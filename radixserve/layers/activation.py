@@ -1,4 +1,4 @@
-"""SiLU(gate) * up on the merged gate_up projection output."""
+"""Gated activations on the merged gate_up projection output: act(gate) * up."""
 
 from __future__ import annotations
 
@@ -21,3 +21,20 @@ class SiluAndMul(nn.Module):
             return out
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluTanhAndMul(nn.Module):
+    """GELU(gate, tanh approximation) * up: Gemma's gated MLP (transformers' gelu_pytorch_tanh)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+
+def gated_activation(name: str) -> nn.Module:
+    """The gated MLP's activation by ModelConfig.hidden_act (the one list: model_config.ACTIVATIONS)."""
+    if name == "silu":
+        return SiluAndMul()
+    if name == "gelu_tanh":
+        return GeluTanhAndMul()
+    raise ValueError(f"no gated activation {name!r} (supported: silu, gelu_tanh)")

@@ -34,15 +34,18 @@ class LogitsProcessorOutput:
 
 
 class LogitsProcessor(nn.Module):
-    def __init__(self, vocab_size: int, ps: ParallelState) -> None:
+    def __init__(self, vocab_size: int, ps: ParallelState, final_logit_softcap: float | None = None) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.ps = ps
+        self.softcap = final_logit_softcap  # Gemma 2: logits = cap * tanh(logits / cap)
 
     def compute_logits(self, hidden: torch.Tensor, lm_head: ParallelLMHead) -> torch.Tensor:
         # [n, hidden] -> [n, V/tp] -> gathered [n, padded V] -> [n, V]
-        logits = self.ps.all_gather(lm_head.local_logits(hidden), dim=-1)
-        return logits[:, : self.vocab_size]
+        logits = self.ps.all_gather(lm_head.local_logits(hidden), dim=-1)[:, : self.vocab_size]
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def forward(self, hidden: torch.Tensor, lm_head: ParallelLMHead, fb: ForwardBatch) -> LogitsProcessorOutput:
         mode = fb.forward_mode

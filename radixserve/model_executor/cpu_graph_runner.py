@@ -13,7 +13,7 @@ cpu_paged attention backend, this object binds a `torch.classes.radixserve_cpu.D
 step: each request's last token plus its drafts) of any size the low-bit path takes (ModelRunner.quant_max_rows)
 in that one call: the embedding lookup and the LM head stay in Python (the LM head through the same
 low-bit path as every other step). The stack computes exactly what the per-layer path computes with
-the same low-bit weights (same kernels in the same order; tests/model_executor/test_cpu_graph.py
+the same low-bit weights (same kernels in the same order; tests/model_executor/test_quantized_model.py
 checks they agree bit for bit). `--disable-cpu-graph` turns it off.
 
 The runner decides *how* a step runs, never *who* runs: can_run() looks only at the ForwardBatch.
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
+from radixserve.models.base import LLAMA_STACK_LAYERS
 
 if TYPE_CHECKING:
     from radixserve.layers.logits_processor import LogitsProcessorOutput
@@ -70,15 +71,18 @@ class CpuGraphRunner:
             return "the loaded kernel library has no DecodeStack"
         if runner.server_args.ranks_per_replica != 1:
             return f"tp_size * pp_size = {runner.server_args.ranks_per_replica} (the native stack is single-rank)"
-        inner = getattr(runner.model, "model", None)
-        layers = getattr(inner, "layers", None)
-        if layers is None or not hasattr(inner, "embed_tokens") or not hasattr(inner, "norm"):
-            return f"{type(runner.model).__name__} is not a Llama-style decoder"
-        for layer in layers:
-            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-            projs = [getattr(attn, "qkv_proj", None), getattr(attn, "o_proj", None),
-                     getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)]
-            if any(p is None or p.qweight is None for p in projs):
+        model, inner = runner.model, runner.model.model
+        for i in inner.stage_layers:
+            arithmetic = model.layer_arithmetic(i)
+            if arithmetic not in LLAMA_STACK_LAYERS:
+                return f"layer {i} computes {arithmetic}, which the native stack does not implement"
+        if len(inner.rotary_embs) != 1:
+            return "more than one RoPE base"
+        for i in inner.stage_layers:
+            layer = inner.layers[i]
+            attn, mlp = layer.self_attn, layer.mlp
+            projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+            if any(p.qweight is None for p in projs):
                 return "a projection has no low-bit copy"
             if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
                 return "o_proj / down_proj with a bias"
@@ -119,7 +123,7 @@ class CpuGraphRunner:
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         b = fb.attn_metadata.batched
         model = self.model
-        x = model.model.embed_tokens(fb.input_ids)
+        x = model.model.embed(fb.input_ids)
         hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)
         self.replays += 1
         return model.logits_processor(hidden, model.lm_head, fb)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from radixserve.model_loader import gguf_cache
-from radixserve.model_loader.gguf_config import PERMUTED_QK_ARCHITECTURES, gguf_architecture, gguf_hf_config
+from radixserve.model_loader.gguf_config import gguf_hf_config, gguf_record
 from radixserve.model_loader.gguf_file import (
     SUPPORTED_TENSOR_TYPES,
     GGUFFile,
@@ -57,38 +57,53 @@ def iterate_gguf_weights(path: str, keep: Callable[[str], bool] | None = None) -
         return cached
     f = open_gguf(path)
     plan = _tensor_plan(f)
+    offset = gguf_record(f).norm_offset
     if keep is not None:
-        return _stream(f, [p for p in plan if keep(p[1])])
+        return _stream(f, [p for p in plan if keep(p[1])], offset)
     if entry:
         layout = [(hf_name, f.hf_shape(gguf_name)) for gguf_name, hf_name, _ in plan]
-        return gguf_cache.write_weights_through(entry, layout, _stream(f, plan))
-    return _stream(f, plan)
+        return gguf_cache.write_weights_through(entry, layout, _stream(f, plan, offset))
+    return _stream(f, plan, offset)
 
 
 def _tensor_plan(f: GGUFFile) -> list[tuple[str, str, int | None]]:
     """(gguf name, HF name, heads to un-permute its rows by or None) of every parameter, each tensor's
     type checked first, so an unsupported file fails before anything is read."""
-    arch = gguf_architecture(f)
+    record = gguf_record(f)
     cfg = gguf_hf_config(f)
+    _check_required_tensors(f, record.required, cfg["num_hidden_layers"])
     plan: list[tuple[str, str, int | None]] = []
     for gguf_name, tensor in f.tensors.items():
-        hf_name = hf_parameter_name(gguf_name)
+        hf_name = hf_parameter_name(gguf_name, record.block_names)
         if hf_name is None:
             continue
         if tensor.tensor_type not in SUPPORTED_TENSOR_TYPES:
             raise ValueError(unsupported_type_message(f.path, gguf_name, tensor.tensor_type))
         heads = None
-        if arch in PERMUTED_QK_ARCHITECTURES:
+        if record.permuted_qk:
             heads = permuted_head_count(gguf_name, cfg["num_attention_heads"], cfg["num_key_value_heads"])
         plan.append((gguf_name, hf_name, heads))
     return plan
 
 
-def _stream(f: GGUFFile, plan: list[tuple[str, str, int | None]]) -> Iterator[tuple[str, torch.Tensor]]:
+def _check_required_tensors(f: GGUFFile, stems: frozenset[str], num_layers: int) -> None:
+    """Every tensor the architecture needs is in the file, before anything is read (nothing half-loaded)."""
+    needed = ["token_embd.weight", "output_norm.weight"]
+    needed += [f"blk.{i}.{stem}.weight" for i in range(num_layers) for stem in sorted(stems)]
+    missing = [name for name in needed if name not in f.tensors]
+    if missing:
+        raise ValueError(f"GGUF file {f.path} ({f.architecture}) lacks tensor {missing[0]!r}"
+                         f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}")
+
+
+def _stream(f: GGUFFile, plan: list[tuple[str, str, int | None]], norm_offset: float = 0.0
+            ) -> Iterator[tuple[str, torch.Tensor]]:
     for gguf_name, hf_name, heads in plan:
         weight = torch.from_numpy(f.dequantize(gguf_name))
         if heads is not None:
             weight = unpermute_rows(weight, heads)
+        if norm_offset and gguf_name.endswith("norm.weight"):
+            weight -= norm_offset  # the file stores (offset + w); HF names carry w
         yield hf_name, weight
 
 

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixserve.model_loader.gguf_arch import GGUF_ARCHITECTURES, GGUFArchitecture
 from radixserve.model_loader.gguf_file import GGUFFile
 from radixserve.model_loader.gguf_rope import gguf_rope_scaling
 
-# general.architecture -> HF architecture.
-GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-}
-
-# convert_hf_to_gguf permutes q/k rows for these (for its interleaved RoPE); Qwen2 is written as-is.
-PERMUTED_QK_ARCHITECTURES = frozenset({"llama", "mistral"})
-
 # Token ids llama.cpp treats as end-of-generation, besides plain EOS (end-of-turn, end-of-message).
 _EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def gguf_record(f: GGUFFile) -> GGUFArchitecture:
+    """The file's architecture record (gguf_arch.py)."""
+    return GGUF_ARCHITECTURES[gguf_architecture(f)]
 
 
 def gguf_architecture(f: GGUFFile) -> str:
@@ -55,14 +51,15 @@ def gguf_hf_config(f: GGUFFile) -> dict[str, Any]:
     hidden = int(required("embedding_length"))
     heads = int(required("attention.head_count"))
     kv_heads = int(meta("attention.head_count_kv", heads))
-    # key_length is written when head_dim != hidden/heads; llama.cpp also records the rotary width,
-    # which for these fully-rotary architectures is the head size.
+    # key_length is written when head_dim != hidden/heads (Qwen3, Gemma); llama.cpp also records the
+    # rotary width, which is the head size unless the record reads it as partial rotary (Phi-3)
     head_dim = int(
         meta("attention.key_length", None) or meta("rope.dimension_count", None) or hidden // heads
     )
     rope_theta = float(meta("rope.freq_base", 10000.0))
-    return {
-        "architectures": [GGUF_ARCHITECTURES[arch]],
+    record = GGUF_ARCHITECTURES[arch]
+    cfg = {
+        "architectures": [record.hf_architecture],
         "hidden_size": hidden,
         "intermediate_size": int(required("feed_forward_length")),
         "num_hidden_layers": int(required("block_count")),
@@ -80,6 +77,8 @@ def gguf_hf_config(f: GGUFFile) -> dict[str, Any]:
         "bos_token_id": f.get("tokenizer.ggml.bos_token_id", None),
         "eos_token_id": [f.get(key) for key in _EOS_KEYS if f.has(key)],
     }
+    extra = record.config(meta, cfg)
+    return {**cfg, **{k: v for k, v in extra.items() if v is not None}}
 
 
 def _vocab_size(f: GGUFFile, arch: str) -> int:

@@ -1,4 +1,5 @@
-"""llama.cpp tensor names -> Hugging Face parameter names, and undoing llama.cpp's q/k row permutation."""
+"""llama.cpp tensor names -> Hugging Face parameter names (by an architecture's record in gguf_arch.py), and
+undoing llama.cpp's q/k row permutation."""
 
 from __future__ import annotations
 
@@ -12,29 +13,16 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 
-# Per-block tensor stem -> (HF sub-module, suffixes it may carry). Norms and the MLP never have a bias
-# in the architectures we serve, so a GGUF that has one is refused rather than silently mis-loaded.
-_BLOCK_NAMES: dict[str, tuple[str, frozenset[str]]] = {
-    "attn_norm": ("input_layernorm", frozenset({"weight"})),
-    "ffn_norm": ("post_attention_layernorm", frozenset({"weight"})),
-    "attn_q": ("self_attn.q_proj", frozenset({"weight", "bias"})),
-    "attn_k": ("self_attn.k_proj", frozenset({"weight", "bias"})),
-    "attn_v": ("self_attn.v_proj", frozenset({"weight", "bias"})),
-    "attn_output": ("self_attn.o_proj", frozenset({"weight", "bias"})),
-    "ffn_gate": ("mlp.gate_proj", frozenset({"weight"})),
-    "ffn_up": ("mlp.up_proj", frozenset({"weight"})),
-    "ffn_down": ("mlp.down_proj", frozenset({"weight"})),
-}
-
 # Tensors that carry no HF parameter: llama.cpp's precomputed Llama-3 RoPE frequency factors, which
 # the config loader turns back into `rope_scaling`.
-IGNORED_TENSORS = frozenset({"rope_freqs.weight"})
+IGNORED_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_parameter_name(gguf_name: str) -> str | None:
-    """The HF name for a llama.cpp tensor name; None for tensors with no HF counterpart.
+def hf_parameter_name(gguf_name: str, block_names: dict[str, tuple[str, frozenset[str]]]) -> str | None:
+    """The HF name for a llama.cpp tensor name under an architecture's `block_names` (gguf_arch.py); None
+    for tensors with no HF counterpart.
 
     Raises ValueError for a name this loader does not understand.
     """
@@ -45,7 +33,7 @@ def hf_parameter_name(gguf_name: str) -> str | None:
     match = _BLOCK_RE.fullmatch(gguf_name)
     if match is not None:
         layer, stem, suffix = match.groups()
-        entry = _BLOCK_NAMES.get(stem)
+        entry = block_names.get(stem)
         if entry is not None and suffix in entry[1]:
             return f"model.layers.{int(layer)}.{entry[0]}.{suffix}"
     raise ValueError(f"unexpected GGUF tensor {gguf_name!r}: no Hugging Face parameter corresponds to it")

@@ -1,22 +1,29 @@
-"""Model classes by Hugging Face architecture name."""
+"""Model classes by Hugging Face architecture name. Entries are lazy (module, class): a model's file is
+imported only when it is served. The architectures' arithmetic is declared in model_config.ARCH_SPECS; the
+two tables list the same names (checked by tests/models/test_registry.py)."""
 
 from __future__ import annotations
 
+import importlib
+
 from torch import nn
 
-from radixserve.models.llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
-
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+MODEL_REGISTRY: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("radixserve.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("radixserve.models.llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("radixserve.models.llama", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("radixserve.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma2ForCausalLM": ("radixserve.models.gemma", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("radixserve.models.gemma", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("radixserve.models.phi3", "Phi3ForCausalLM"),
 }
 
 
 def get_model_class(architecture: str) -> type[nn.Module]:
     try:
-        return MODEL_REGISTRY[architecture]
+        module, name = MODEL_REGISTRY[architecture]
     except KeyError:
         raise ValueError(
             f"unknown model architecture {architecture!r}; supported: {', '.join(sorted(MODEL_REGISTRY))}"
         ) from None
+    return getattr(importlib.import_module(module), name)
