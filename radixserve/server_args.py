@@ -36,6 +36,8 @@ class ServerArgs:
     # --- model ---
     model_path: str | None = _knob(None, "GGUF file or Hugging Face folder; None = embedded SmolLM2-135M")
     tokenizer_path: str | None = _knob(None, "tokenizer location if it differs from model_path")
+    chat_template: str | None = _knob(None, "Jinja chat template file replacing the model's own (or supplying "
+                                      "one, for a base model without)")
     served_model_name: str | None = _knob(
         None, "model name(s) the API answers to, comma-separated: the first is reported, the others are "
         "aliases (default: the file name; 'default' is always accepted)"

@@ -41,7 +41,8 @@ class Engine:
             raise ValueError(f"ServerArgs.node_rank: the Engine is node 0 (it receives the requests); start node "
                              f"{self.server_args.node_rank} with `radixserve serve --node-rank "
                              f"{self.server_args.node_rank} ...`")
-        self.tokenizer = get_tokenizer(self.server_args.resolved_model_path(), self.server_args.tokenizer_path)
+        self.tokenizer = get_tokenizer(self.server_args.resolved_model_path(), self.server_args.tokenizer_path,
+                                       self.server_args.chat_template)
         self.handle: Replicas | None = launch_replicas(self.server_args)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="radixserve-engine", daemon=True)

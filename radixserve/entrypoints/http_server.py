@@ -228,7 +228,7 @@ def _start_scheduler(server_args: ServerArgs) -> tuple[Replicas, Any]:
 
     model_path = server_args.resolved_model_path()
     print(f"radixserve: loading {model_path} ...", flush=True)
-    tokenizer = _Background(get_tokenizer, model_path, server_args.tokenizer_path)
+    tokenizer = _Background(get_tokenizer, model_path, server_args.tokenizer_path, server_args.chat_template)
     handle = launch_replicas(server_args)
     try:
         return handle, tokenizer.result()

@@ -47,6 +47,7 @@ from radixserve.entrypoints.openai_serving import (
     sse_error,
 )
 from radixserve.entrypoints.serving_base import UNSUPPORTED_CHAT, OpenAIServingBase
+from radixserve.model_loader.chat_template import NO_TEMPLATE
 from radixserve.function_call.tool_parser import ToolCallDelta, ToolCallParser, detect_format
 from radixserve.function_call.tool_prompt import render_for_template, template_supports_tools
 from radixserve.managers.io_struct import GenerateReqInput
@@ -164,6 +165,8 @@ class OpenAIServingChat(OpenAIServingBase):
             if m.name:
                 d["name"] = m.name
             plain.append(d)
+        if not self.tokenizer.chat_template:
+            raise APIError(400, NO_TEMPLATE, "messages")
         plain, extra = render_for_template(plain, tools, template_supports_tools(self.tokenizer.chat_template))
         try:
             return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False, **extra)

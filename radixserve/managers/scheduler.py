@@ -48,7 +48,7 @@ class Scheduler:
         self.model_runner = model_runner or ModelRunner(server_args, rank)
         runner = self.model_runner
         self.model_config = runner.model_config
-        self.tokenizer = get_tokenizer(runner.model_path, server_args.tokenizer_path)
+        self.tokenizer = get_tokenizer(runner.model_path, server_args.tokenizer_path, server_args.chat_template)
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.token_to_kv_pool_allocator
         cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache

