@@ -63,7 +63,7 @@ def test_kernel_matches_sdpa(seed, nb, L, heads, D, max_len):
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(seed, nb, L, H, Hkv, D, max(max_len, L))
     scale = D**-0.5
     out = torch.empty_like(q)
-    kernel(q, k_pool, v_pool, kv_idx, seq_lens, L, scale, out)
+    kernel(q, k_pool, v_pool, kv_idx, seq_lens, L, scale, 0, 0.0, out)
     ref = reference(q, k_pool, v_pool, kv_idx, seq_lens, L, scale)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
@@ -77,13 +77,13 @@ def test_bf16_kv_is_the_float_kernel_on_the_widened_pool(seed, nb, L, D, max_len
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(seed, nb, L, 9, 3, D, max(max_len, L))
     kb, vb = k_pool.bfloat16(), v_pool.bfloat16()
     got, want = torch.empty_like(q), torch.empty_like(q)
-    kernel(q, kb, vb, kv_idx, seq_lens, L, D**-0.5, got)
-    kernel(q, kb.float(), vb.float(), kv_idx, seq_lens, L, D**-0.5, want)
+    kernel(q, kb, vb, kv_idx, seq_lens, L, D**-0.5, 0, 0.0, got)
+    kernel(q, kb.float(), vb.float(), kv_idx, seq_lens, L, D**-0.5, 0, 0.0, want)
     assert torch.equal(got, want)
     starts, lens = torch.arange(nb) * L, torch.full((nb,), L)
     got, want = torch.zeros_like(q), torch.zeros_like(q)
-    ops.paged_attention_varlen(q, kb, vb, kv_idx, seq_lens, starts, lens, D**-0.5, got)
-    ops.paged_attention_varlen(q, kb.float(), vb.float(), kv_idx, seq_lens, starts, lens, D**-0.5, want)
+    ops.paged_attention_varlen(q, kb, vb, kv_idx, seq_lens, starts, lens, D**-0.5, 0, 0.0, got)
+    ops.paged_attention_varlen(q, kb.float(), vb.float(), kv_idx, seq_lens, starts, lens, D**-0.5, 0, 0.0, want)
     assert torch.equal(got, want)
 
 
@@ -124,7 +124,7 @@ def test_extend_attention_matches_sdpa(seed, lens, heads, D, bf16):
     q_start = torch.cumsum(q_lens, 0) - q_lens
     q = torch.randn(int(q_lens.sum()), H, D, generator=g) * 2
     out = torch.empty_like(q)
-    ops.extend_attention(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, D**-0.5, out)
+    ops.extend_attention(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, D**-0.5, 0, 0.0, out)
     ref = varlen_reference(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, D**-0.5)
     torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
 
@@ -142,7 +142,7 @@ def test_varlen_ops_refuse_bad_tables_naming_themselves(op):
         a = {**ok, field: value}
         with pytest.raises(RuntimeError, match=f"{op}: .*{message}"):
             getattr(ops, op)(q, k_pool, k_pool.clone(), a["kv_idx"], a["seq_lens"], a["q_start"], a["q_lens"],
-                             0.25, torch.empty_like(q))
+                             0.25, 0, 0.0, torch.empty_like(q))
 
 
 def test_rows_beyond_seq_len_are_never_read():
@@ -150,11 +150,11 @@ def test_rows_beyond_seq_len_are_never_read():
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(3, 4, 1, 9, 3, 64, 40)
     seq_lens = torch.tensor([40, 7, 1, 23])
     out1 = torch.empty_like(q)
-    kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, out1)
+    kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, out1)
     for b in range(4):
         kv_idx[b, seq_lens[b]:] = 10**9  # would crash if read
     out2 = torch.empty_like(q)
-    kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, out2)
+    kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, out2)
     assert torch.equal(out1, out2)
 
 
@@ -162,11 +162,11 @@ def test_each_request_is_independent_of_its_batch():
     """Batch invariance: a request's output is bit-identical alone and inside a batch."""
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(5, 6, 1, 9, 3, 64, 120)
     out = torch.empty_like(q)
-    kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, out)
+    kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, out)
     for b in range(6):
         alone = torch.empty_like(q[b : b + 1])
         kernel(q[b : b + 1].contiguous(), k_pool, v_pool, kv_idx[b : b + 1].contiguous(), seq_lens[b : b + 1], 1,
-               0.125, alone)
+               0.125, 0, 0.0, alone)
         assert torch.equal(alone, out[b : b + 1])
 
 
@@ -184,21 +184,21 @@ def test_bad_tables_raise_instead_of_reading_out_of_bounds(mutate, message):
     mutate(case)
     q, k_pool, v_pool, kv_idx, seq_lens = case
     with pytest.raises(RuntimeError, match=message):
-        kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, torch.empty_like(q))
+        kernel(q, k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q))
 
 
 def test_wrong_dtype_and_shape_raise():
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(8, 2, 1, 9, 3, 64, 16)
     with pytest.raises(RuntimeError, match="float32"):
-        kernel(q.double(), k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, torch.empty_like(q).double())
+        kernel(q.double(), k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q).double())
     with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
-        kernel(q, k_pool.bfloat16(), v_pool, kv_idx, seq_lens, 1, 0.125, torch.empty_like(q))
+        kernel(q, k_pool.bfloat16(), v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
-        kernel(q, k_pool.half(), v_pool.half(), kv_idx, seq_lens, 1, 0.125, torch.empty_like(q))
+        kernel(q, k_pool.half(), v_pool.half(), kv_idx, seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="int64"):
-        kernel(q, k_pool, v_pool, kv_idx.int(), seq_lens, 1, 0.125, torch.empty_like(q))
+        kernel(q, k_pool, v_pool, kv_idx.int(), seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="nb \\* L"):
-        kernel(q, k_pool, v_pool, kv_idx, seq_lens, 2, 0.125, torch.empty_like(q))
+        kernel(q, k_pool, v_pool, kv_idx, seq_lens, 2, 0.125, 0, 0.0, torch.empty_like(q))
 
 
 def _with_ops(module, enabled: bool):

@@ -29,7 +29,7 @@ for b, n in enumerate(lens):
     idx[b, :n] = perm[off:off + n]; off += n
 q = torch.randn(nb * L, H, D)
 out = torch.empty_like(q)
-ops.paged_attention(q, k, v, idx, torch.tensor(lens), L, D ** -0.5, out)
+ops.paged_attention(q, k, v, idx, torch.tensor(lens), L, D ** -0.5, 0, 0.0, out)
 for b, n in enumerate(lens):
     kb = k[idx[b, :n]].repeat_interleave(H // Hkv, 1).transpose(0, 1)
     vb = v[idx[b, :n]].repeat_interleave(H // Hkv, 1).transpose(0, 1)
@@ -60,8 +60,8 @@ for kv in (torch.float32, torch.bfloat16):
     q2 = torch.randn(sum(new), H, D)
     o2 = torch.empty_like(q2)
     ops.extend_attention(q2, kt, vt, idx[:2].contiguous(), torch.tensor(seq), torch.tensor([0, 5]), torch.tensor(new),
-                         D ** -0.5, o2)
-    ops.paged_attention(q, kt, vt, idx, torch.tensor(lens), L, D ** -0.5, out)  # bf16 KV in the decode kernel too
+                         D ** -0.5, 0, 0.0, o2)
+    ops.paged_attention(q, kt, vt, idx, torch.tensor(lens), L, D ** -0.5, 0, 0.0, out)  # bf16 KV in the decode kernel too
     st = 0
     for b, n in enumerate(new):
         kb = kt[idx[b, :seq[b]]].float().repeat_interleave(H // Hkv, 1).transpose(0, 1)

@@ -104,7 +104,8 @@ def test_varlen_kernel_rows_match_sdpa_and_decode_alone(H, Hkv, D):
         q = torch.cat([qs[b][s - n : s] for b, n, s in items]).contiguous()
         out = torch.full_like(q, float("nan"))
         ops.paged_attention_varlen(q, k_pool, v_pool, kv, torch.tensor([s for *_, s in items]),
-                                   torch.tensor(starts), torch.tensor([n for _, n, _ in items]), D**-0.5, out)
+                                   torch.tensor(starts), torch.tensor([n for _, n, _ in items]), D**-0.5, 0, 0.0,
+                                   out)
         return {(b, s - n + i): out[st + i] for (b, n, s), st in zip(items, starts) for i in range(n)}
 
     whole = call([(b, n, n) for b, n in enumerate(lens)])  # PREFILL of every request in one call
@@ -141,7 +142,7 @@ def test_varlen_kernel_rejects_bad_tables(field, value, message):
     with pytest.raises(RuntimeError, match=message):
         ops.paged_attention_varlen(q, pool, pool, torch.tensor(case["kv_idx"]), torch.tensor(case["seq_lens"]),
                                    torch.tensor(case["q_start"]), torch.tensor(case["q_lens"]), 0.125,
-                                   torch.empty_like(q))
+                                   0, 0.0, torch.empty_like(q))
 
 
 # ------------------------------------------------------------------------------ start-up

@@ -13,7 +13,8 @@ kernel reads a request's own new keys through the same slot table as its history
 
     kv_indices [bs, max_len] = req_to_token[req_pool_indices, :max_len]
     request b: query rows extend_start_loc[b] .. + extend_seq_lens[b], at positions
-               seq_lens[b] - extend_seq_lens[b] + i, each seeing keys 0 .. its position
+               seq_lens[b] - extend_seq_lens[b] + i, each seeing keys 0 .. its position (the last
+               layer.sliding_window of them on a local layer; scores soft-capped by layer.logit_cap)
 """
 
 from __future__ import annotations
@@ -74,5 +75,6 @@ class BatchInvariantAttnBackend(AttentionBackend):
         if md is None or q.shape[0] == 0:
             return out
         k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        self.kernel(q, k_buf, v_buf, md.kv_indices, md.seq_lens, md.q_start, md.q_lens, layer.scaling, out)
+        self.kernel(q, k_buf, v_buf, md.kv_indices, md.seq_lens, md.q_start, md.q_lens, layer.scaling,
+                    layer.window_arg, layer.cap_arg, out)
         return out

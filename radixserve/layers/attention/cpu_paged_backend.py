@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class CpuPagedAttnBackend(TorchNativeAttnBackend):
-    batched_mask = False  # the kernel sees keys 0 .. seq_len - L + i from seq_lens
+    batched_mask = False  # the kernel derives each query's keys (causal, windowed) from seq_lens
     extend_in_one_call = True
 
     def __init__(self, device: torch.device, kernel: Callable[..., None], extend_kernel: Callable[..., None]) -> None:
@@ -39,7 +39,7 @@ class CpuPagedAttnBackend(TorchNativeAttnBackend):
     ) -> None:
         # rows of q not owned by these requests (MIXED's decodes) are left to _attend_batched
         self.extend_kernel(q.contiguous(), k_buf, v_buf, e.kv_indices, e.seq_lens, e.q_start, e.q_lens,
-                           layer.scaling, out)
+                           layer.scaling, layer.window_arg, layer.cap_arg, out)
 
     def _attend_batched(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,
@@ -48,13 +48,20 @@ class CpuPagedAttnBackend(TorchNativeAttnBackend):
         if b.all_rows:  # pure DECODE / TARGET_VERIFY: q and out are exactly the kernel's rows
             qb = q.contiguous()
             if out.is_contiguous():
-                self.kernel(qb, k_buf, v_buf, b.kv_indices, b.seq_lens, b.query_len, layer.scaling, out)
+                self._paged(qb, k_buf, v_buf, layer, b, out)
                 return
             ob = torch.empty_like(qb)
-            self.kernel(qb, k_buf, v_buf, b.kv_indices, b.seq_lens, b.query_len, layer.scaling, ob)
+            self._paged(qb, k_buf, v_buf, layer, b, ob)
             out.copy_(ob)
             return
         qb = q.index_select(0, b.token_idx)
         ob = torch.empty_like(qb)
-        self.kernel(qb, k_buf, v_buf, b.kv_indices, b.seq_lens, b.query_len, layer.scaling, ob)
+        self._paged(qb, k_buf, v_buf, layer, b, ob)
         out[b.token_idx] = ob
+
+    def _paged(
+        self, qb: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention, b: BatchedPart,
+        ob: torch.Tensor,
+    ) -> None:
+        self.kernel(qb, k_buf, v_buf, b.kv_indices, b.seq_lens, b.query_len, layer.scaling, layer.window_arg,
+                    layer.cap_arg, ob)

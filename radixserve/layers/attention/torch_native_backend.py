@@ -12,12 +12,21 @@ Two paths, chosen per request once per step in init_forward_metadata():
            padding a 2,000-token chunk to its neighbours' lengths would waste more than the loop.
            A request with no cached prefix attends only to this step's K/V (no gather at all).
 
-Every mask and index table is built here once and reused by all layers.
+The global masks and index tables are built here once and reused by all layers.
+
+Sliding windows and logit soft-caps (RadixAttention.sliding_window / logit_cap): layers of one model
+may differ in window (Gemma 2 alternates local and global layers), so the windowed views (a narrower
+slot table and its band mask) are built lazily, the first time a layer with that window runs in the
+step, and cached on the step's metadata keyed by window; a window that covers every key of a part is
+the global view. Windowed views gather only the keys some query of the part can see, and a long
+query block runs in chunks of _WINDOW_CHUNK rows, each over its own keys, so a local layer's cost
+stays flat as the context grows. SDPA takes no soft-cap: a capped layer computes scores, tanh cap,
+mask and softmax explicitly (_capped_attention); uncapped layers keep the SDPA fast paths.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +39,11 @@ if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 
+# query rows per SDPA call of a long block on a windowed or soft-capped layer: each chunk reads only
+# the keys its rows see (and a capped layer's explicit scores stay [heads, chunk, keys])
+_WINDOW_CHUNK = 256
+
+
 @dataclass
 class BatchedPart:
     token_idx: torch.Tensor  # [nb * L] rows of q/out belonging to these requests, request-major
@@ -38,6 +52,21 @@ class BatchedPart:
     mask: torch.Tensor | None  # [nb, 1, L, max_len] bool, True = attend (None: the backend reads seq_lens)
     seq_lens: torch.Tensor  # [nb] int64: KV length of each request including this step's L tokens
     all_rows: bool  # token_idx covers every row of q in order (pure DECODE / TARGET_VERIFY)
+    q_pos: torch.Tensor | None = None  # [nb, L] position of each row (with mask: windowed views derive from it)
+    # window -> (slot table, mask) of that window's layers, built the first time one runs this step
+    windowed: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class WindowChunk:
+    """Query rows [row0, row1) of a ragged request (relative to its start) against the keys at positions
+    [key0, key1), with mask [rows, keys] (True = attend)."""
+
+    row0: int
+    row1: int
+    key0: int
+    key1: int
+    mask: torch.Tensor
 
 
 @dataclass
@@ -46,6 +75,9 @@ class RaggedItem:
     extend_len: int
     kv_indices: torch.Tensor | None  # [seq_len] when there is a cached prefix, else None
     mask: torch.Tensor | None  # [extend_len, seq_len] bool when there is a cached prefix
+    prefix_len: int = 0
+    # window (None: global) -> the chunks a windowed or capped layer runs, built on first use this step
+    chunks: dict[int | None, list[WindowChunk]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -123,18 +155,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         seq_lens = fb.seq_lens[rows_t]  # [nb]
         max_len = max(fb.seq_lens_cpu[i] for i in rows)
         kv_indices = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[rows_t], :max_len].contiguous()
-        mask = None
+        mask = q_pos = None
         if self.batched_mask:
-            key_pos = torch.arange(max_len, device=self.device)  # [max_len]
             # query i of a request sits at position prefix_len + i = seq_len - L + i
             q_pos = (seq_lens - q_len).unsqueeze(1) + torch.arange(q_len, device=self.device)  # [nb, L]
-            mask = (key_pos.view(1, 1, max_len) <= q_pos.unsqueeze(-1)).unsqueeze(1)  # [nb, 1, L, max_len]
+            mask = _band(q_pos, torch.arange(max_len, device=self.device), None).unsqueeze(1)  # [nb, 1, L, max_len]
         token_idx = (torch.tensor([starts[i] for i in rows], device=self.device).unsqueeze(1)
                      + torch.arange(q_len, device=self.device)).reshape(-1)
         all_rows = len(rows) * q_len == fb.input_ids.shape[0] and starts[rows[0]] == 0 and all(
             starts[r] == j * q_len for j, r in enumerate(rows)
         )
-        return BatchedPart(token_idx, q_len, kv_indices, mask, seq_lens.contiguous(), all_rows)
+        return BatchedPart(token_idx, q_len, kv_indices, mask, seq_lens.contiguous(), all_rows, q_pos)
 
     def _verify_rows(self, fb: ForwardBatch) -> BatchedPart:
         """TARGET_VERIFY: requests verify different numbers of drafts (0 .. k), so their query blocks differ
@@ -164,10 +195,10 @@ class TorchNativeAttnBackend(AttentionBackend):
                           (fb.extend_seq_lens - 1).unsqueeze(1))  # [bs, L] row of the block (pads: the last)
         token_idx = (fb.extend_start_loc.unsqueeze(1) + j).reshape(-1)  # [bs * L]
         q_pos = fb.extend_prefix_lens.unsqueeze(1) + j  # [bs, L]
-        mask = (key_pos.view(1, 1, max_len) <= q_pos.unsqueeze(-1)).unsqueeze(1)  # [bs, 1, L, max_len]
+        mask = _band(q_pos, key_pos, None).unsqueeze(1)  # [bs, 1, L, max_len]
         kv_indices = rtt[fb.req_pool_indices, :max_len].contiguous()  # [bs, max_len]
         all_rows = q_len * bs == n
-        return BatchedPart(token_idx, q_len, kv_indices, mask, fb.seq_lens.contiguous(), all_rows)
+        return BatchedPart(token_idx, q_len, kv_indices, mask, fb.seq_lens.contiguous(), all_rows, q_pos)
 
     def _ragged_item(self, fb: ForwardBatch, i: int, start: int) -> RaggedItem:
         ext, pre = fb.extend_seq_lens_cpu[i], fb.extend_prefix_lens_cpu[i]
@@ -176,8 +207,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         seq = pre + ext
         kv_indices = fb.req_to_token_pool.req_to_token[int(fb.req_pool_indices[i]), :seq]
         q_pos = pre + torch.arange(ext, device=self.device)
-        mask = torch.arange(seq, device=self.device).unsqueeze(0) <= q_pos.unsqueeze(1)  # [ext, seq]
-        return RaggedItem(start, ext, kv_indices, mask)
+        mask = _band(q_pos, torch.arange(seq, device=self.device), None)  # [ext, seq]
+        return RaggedItem(start, ext, kv_indices, mask, pre)
 
     # ------------------------------------------------------------ compute
     def forward_decode(
@@ -201,22 +232,65 @@ class TorchNativeAttnBackend(AttentionBackend):
         if md.extend is not None:
             self._attend_extend(q, k_buf, v_buf, layer, md.extend, out)
         for item in md.ragged:
-            sl = slice(item.start, item.start + item.extend_len)
-            qi = q[sl].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, head_dim]
-            if item.kv_indices is None:
-                # PREFILL fast path: no history, attend causally over this step's tokens only
-                ki = k[sl].transpose(0, 1).unsqueeze(0)
-                vi = v[sl].transpose(0, 1).unsqueeze(0)
-                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
-            else:
-                ki = _gather(k_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, hd]
-                vi = _gather(v_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)
-                oi = F.scaled_dot_product_attention(
-                    qi, ki, vi, attn_mask=item.mask, scale=layer.scaling, enable_gqa=True
-                )
-            out[sl] = oi.squeeze(0).transpose(0, 1)
+            self._attend_ragged(q, k, v, k_buf, v_buf, layer, item, out)
         return out
 
+    def _attend_ragged(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+        layer: RadixAttention, item: RaggedItem, out: torch.Tensor,
+    ) -> None:
+        """Rows of one long query block against this step's own K/V (PREFILL) or its gathered history."""
+        sl = slice(item.start, item.start + item.extend_len)
+        window = _effective_window(layer.sliding_window, item.prefix_len + item.extend_len)
+        if window is not None or layer.logit_cap is not None:
+            self._attend_ragged_chunks(q, k, v, k_buf, v_buf, layer, item, window, out)
+            return
+        qi = q[sl].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, head_dim]
+        if item.kv_indices is None:
+            # PREFILL fast path: no history, attend causally over this step's tokens only
+            ki = k[sl].transpose(0, 1).unsqueeze(0)
+            vi = v[sl].transpose(0, 1).unsqueeze(0)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
+        else:
+            ki = _gather(k_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, hd]
+            vi = _gather(v_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=item.mask, scale=layer.scaling, enable_gqa=True)
+        out[sl] = oi.squeeze(0).transpose(0, 1)
+
+    def _attend_ragged_chunks(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+        layer: RadixAttention, item: RaggedItem, window: int | None, out: torch.Tensor,
+    ) -> None:
+        """A windowed or capped layer: the block in row chunks, each over only the keys its rows see. The
+        keys any row sees (from the first row's window start) are gathered once for all chunks."""
+        chunks = item.chunks.get(window)
+        if chunks is None:
+            chunks = item.chunks[window] = self._ragged_chunks(item, window)
+        first = chunks[0].key0  # window starts grow with the rows: the first chunk's is the lowest
+        if item.kv_indices is None:  # PREFILL: the key at position p is this step's row start + p
+            own = slice(item.start + first, item.start + item.extend_len)
+            ki, vi = k[own], v[own]
+        else:
+            ki = _gather(k_buf, item.kv_indices[first:], q.dtype)
+            vi = _gather(v_buf, item.kv_indices[first:], q.dtype)
+        ki, vi = ki.transpose(0, 1).unsqueeze(0), vi.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, keys, hd]
+        for c in chunks:
+            rows = slice(item.start + c.row0, item.start + c.row1)
+            keys = slice(c.key0 - first, c.key1 - first)
+            qc = q[rows].transpose(0, 1).unsqueeze(0)
+            oc = _attention(qc, ki[:, :, keys], vi[:, :, keys], c.mask, layer.scaling, layer.logit_cap)
+            out[rows] = oc.squeeze(0).transpose(0, 1)
+
+    def _ragged_chunks(self, item: RaggedItem, window: int | None) -> list[WindowChunk]:
+        pre, ext = item.prefix_len, item.extend_len
+        chunks = []
+        for row0 in range(0, ext, _WINDOW_CHUNK):
+            row1 = min(ext, row0 + _WINDOW_CHUNK)
+            key0, key1 = _window_start(pre + row0, window), pre + row1
+            q_pos = pre + torch.arange(row0, row1, device=self.device)
+            mask = _band(q_pos, torch.arange(key0, key1, device=self.device), window)  # [rows, keys]
+            chunks.append(WindowChunk(row0, row1, key0, key1, mask))
+        return chunks
 
     def _attend_extend(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,
@@ -231,10 +305,79 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Rows b.token_idx of `out` = attention of the short query blocks over their gathered history."""
         nb = b.kv_indices.shape[0]
         qb = q[b.token_idx].view(nb, b.query_len, layer.num_heads, layer.head_dim).transpose(1, 2)
-        kb = _gather(k_buf, b.kv_indices, q.dtype).transpose(1, 2)  # [nb, kv_heads, max_len, head_dim]
-        vb = _gather(v_buf, b.kv_indices, q.dtype).transpose(1, 2)
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=layer.scaling, enable_gqa=True)
+        kv_indices, mask = self._batched_view(b, layer.sliding_window)
+        kb = _gather(k_buf, kv_indices, q.dtype).transpose(1, 2)  # [nb, kv_heads, keys, head_dim]
+        vb = _gather(v_buf, kv_indices, q.dtype).transpose(1, 2)
+        ob = _attention(qb, kb, vb, mask, layer.scaling, layer.logit_cap)
         out[b.token_idx] = ob.transpose(1, 2).reshape(-1, layer.num_heads, layer.head_dim)
+
+    def _batched_view(self, b: BatchedPart, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot table, mask) of the batched part for a layer with this window: the step's global ones, or
+        the window's (built once per step, shared by every layer with that window)."""
+        window = _effective_window(window, b.kv_indices.shape[1])
+        if window is None:
+            return b.kv_indices, b.mask
+        view = b.windowed.get(window)
+        if view is None:
+            view = b.windowed[window] = _windowed_table(b.kv_indices, b.q_pos, window)
+        return view
+
+
+def _window_start(pos: int, window: int | None) -> int:
+    """The first key a query at position pos sees."""
+    return 0 if window is None else max(0, pos - window + 1)
+
+
+def _effective_window(window: int | None, n_keys: int) -> int | None:
+    """None where the window hides nothing: every query of a part whose positions are < n_keys sees all its
+    keys, so the global view (and its SDPA fast paths) computes the same."""
+    return None if window is None or window >= n_keys else window
+
+
+def _band(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[..., Lq, Lk] bool, True = attend, from q_pos [..., Lq] and key_pos [..., Lk] (broadcast): key j is
+    visible to query i iff j <= i, and, with a window W, j > i - W (transformers' sliding-window rule)."""
+    qp, kp = q_pos.unsqueeze(-1), key_pos.unsqueeze(-2)
+    mask = kp <= qp
+    if window is not None:
+        mask &= kp > qp - window
+    return mask
+
+
+def _windowed_table(kv_indices: torch.Tensor, q_pos: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batched part's slot table cut to the keys a window lets its rows see: request b's columns start at
+    its first row's window start, width = window + L - 1 (the span of L consecutive windows), so a step reads
+    O(window) keys per request however long its history. Returns (table [nb, width], mask [nb, 1, L, width]).
+    Columns past the table (short histories) repeat its last entry, masked out."""
+    max_len, q_len = kv_indices.shape[1], q_pos.shape[1]
+    width = min(max_len, window + q_len - 1)
+    first = (q_pos.min(dim=1, keepdim=True).values - window + 1).clamp(min=0)  # [nb, 1]
+    key_pos = first + torch.arange(width, device=kv_indices.device)  # [nb, width]
+    table = kv_indices.gather(1, key_pos.clamp(max=max_len - 1)).contiguous()
+    return table, _band(q_pos, key_pos, window).unsqueeze(1)
+
+
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, cap: float | None
+) -> torch.Tensor:
+    """q [B, H, Lq, D], k/v [B, Hkv, Lk, D], mask (True = attend) broadcast to [B, H, Lq, Lk]."""
+    if cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return _capped_attention(q, k, v, mask, scale, cap)
+
+
+def _capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, cap: float
+) -> torch.Tensor:
+    """Attention with a logit soft-cap (SDPA has none): scores, cap * tanh(s / cap), mask, softmax, in
+    float32 whatever the model dtype. Every row sees at least its own key, so no row is all -inf."""
+    group = q.shape[-3] // k.shape[-3]
+    kf = k.float().repeat_interleave(group, dim=-3)
+    vf = v.float().repeat_interleave(group, dim=-3)
+    s = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale
+    s = torch.tanh(s / cap) * cap
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), vf).to(q.dtype)
 
 
 def _gather(buf: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

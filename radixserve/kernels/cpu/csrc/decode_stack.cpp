@@ -132,7 +132,8 @@ class DecodeStack : public torch::CustomClassHolder {
       } else {
         write_kv(Ly.k_buf.data_ptr<float>(), Ly.v_buf.data_ptr<float>(), qkvp, qkv_n, loc, M);
       }
-      paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, attn);
+      // global attention, no soft-cap: a model with either is not bound to a stack (cpu_graph_runner.py)
+      paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, /*window=*/0, /*softcap=*/0.0, attn);
       quantize_rows_q8(attn.data_ptr<float>(), M, Hq_ * D_, Hq_ * D_, act_q_);
       qgemm(Ly.o, act_q_, nullptr, xp, H_);
       fused_add_rms_norm_(x, with_residual, Ly.post_norm, eps_);

@@ -6,7 +6,8 @@
 // prefix (EXTEND, every chunk after the first of a chunked prefill), and with a mask it takes a path
 // about half as fast as its causal one, after a gathered copy of the whole history per layer. Here
 // every mode is one rule (query i of a request sits at position seq_len - ext + i and sees keys 0 ..
-// that position), nothing S x S is ever materialised, and the two products are register-blocked GEMM
+// that position, or the last `window` of them; scores soft-capped when softcap > 0: attn_common.h),
+// nothing S x S is ever materialised, and the two products are register-blocked GEMM
 // tiles, so the cost per (query, key) pair stays flat as the prompt grows.
 //
 //   q        [n, H, D]      float32; request b owns rows q_start[b] .. q_start[b] + q_lens[b] - 1
@@ -20,6 +21,8 @@
 //   Kt [D][kKBlock] = the tile's keys, transposed;  S = Q . Kt (4 rows x 16 keys in registers)
 //   online softmax per row (running max m, sum l; O rescaled when m grows)
 //   O += P . V (4 rows x 16 dims in registers), V [kKBlock][D] gathered
+// With a window, a block's key tiles start at its first row's first visible key, so tiles outside
+// every row's window are never gathered and a local layer's cost per query stays O(window).
 // Items are taken longest first from a shared counter: causal blocks differ in cost up to their
 // request's length, so a static split would leave one thread with the late (long) blocks.
 #include <ATen/Parallel.h>
@@ -32,6 +35,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attn_common.h"
 #include "bf16.h"
 #include "ops.h"
 
@@ -164,35 +168,48 @@ void pv_tile(const float* p, int64_t R, const float* vt, int64_t nk, int64_t D, 
     }
 }
 
+// The keys of the block's rows i0 .. i1 - 1 (positions pos0 + i): first .. last - 1 is the union of
+// their visible ranges, contiguous because consecutive positions' windows overlap.
+struct BlockKeys {
+  int64_t first, last;
+};
+inline BlockKeys block_keys(int64_t pos0, int64_t i0, int64_t i1, int64_t window) {
+  return {window_start(pos0 + i0, window), pos0 + i1};
+}
+
 template <typename T>
 void run_item(const Item& it, const float* qp, const T* kp, const T* vp, const int64_t* idx, int64_t seq_len,
-              int64_t q_len, int64_t q_row0, int64_t H, int64_t G, int64_t D, int64_t row, float scale, float* op,
-              Scratch& w) {
+              int64_t q_len, int64_t q_row0, int64_t H, int64_t G, int64_t D, int64_t row, float scale,
+              int64_t window, float softcap, float* op, Scratch& w) {
   const int64_t nq = it.i1 - it.i0, R = nq * G, pos0 = seq_len - q_len;
-  const int64_t last = pos0 + it.i1;  // keys 0 .. last - 1 are visible to some row of the block
+  const BlockKeys keys = block_keys(pos0, it.i0, it.i1, window);
   w.kt.resize(D * kKBlock), w.vt.resize(kKBlock * D), w.s.resize(R * kKBlock), w.o.assign(R * D, 0.f);
   w.m.assign(R, kNoMax), w.l.assign(R, 0.f);
   std::vector<const float*> qrows(R);
   for (int64_t r = 0; r < R; ++r) qrows[r] = qp + ((q_row0 + it.i0 + r / G) * H + it.h * G + r % G) * D;
-  for (int64_t t0 = 0; t0 < last; t0 += kKBlock) {
-    const int64_t nk = std::min(kKBlock, last - t0);
+  for (int64_t t0 = keys.first; t0 < keys.last; t0 += kKBlock) {
+    const int64_t nk = std::min(kKBlock, keys.last - t0);
     gather_tiles(kp, vp, idx, t0, nk, row, it.h * D, D, w.kt.data(), w.vt.data());
     scores_tile(qrows.data(), R, w.kt.data(), D, scale, w.s.data());
     for (int64_t r = 0; r < R; ++r) {
       float* s = w.s.data() + r * kKBlock;
-      // row r is query i = i0 + r / G at position pos0 + i: keys t0 + j <= that position
-      const int64_t visible = std::min(nk, pos0 + it.i0 + r / G + 1 - t0);
-      if (visible <= 0) {  // a whole tile past this row's position (only the block's first rows)
+      // row r is query i = i0 + r / G at position pos: it sees tile columns j0 .. j1 - 1 (keys t0 + j
+      // in window_start(pos) .. pos)
+      const int64_t pos = pos0 + it.i0 + r / G;
+      const int64_t j0 = std::max<int64_t>(0, window_start(pos, window) - t0), j1 = std::min(nk, pos + 1 - t0);
+      if (j1 <= j0) {  // a whole tile outside this row's keys (past its position, or before its window)
         for (int64_t j = 0; j < kKBlock; ++j) s[j] = 0.f;
         continue;
       }
+      if (softcap > 0.f) soft_cap(s + j0, j1 - j0, softcap);
       float mx = w.m[r];
-      for (int64_t j = 0; j < visible; ++j) mx = s[j] > mx ? s[j] : mx;
+      for (int64_t j = j0; j < j1; ++j) mx = s[j] > mx ? s[j] : mx;
       const float alpha = std::exp(w.m[r] - mx);
       float sum = 0.f;
-      for (int64_t j = 0; j < visible; ++j) s[j] = std::exp(s[j] - mx);
-      for (int64_t j = visible; j < kKBlock; ++j) s[j] = 0.f;
-      for (int64_t j = 0; j < visible; ++j) sum += s[j];
+      for (int64_t j = j0; j < j1; ++j) s[j] = std::exp(s[j] - mx);
+      for (int64_t j = 0; j < j0; ++j) s[j] = 0.f;
+      for (int64_t j = j1; j < kKBlock; ++j) s[j] = 0.f;
+      for (int64_t j = j0; j < j1; ++j) sum += s[j];
       w.l[r] = w.l[r] * alpha + sum;
       w.m[r] = mx;
       if (alpha != 1.f) {
@@ -214,8 +231,8 @@ void run_item(const Item& it, const float* qp, const T* kp, const T* vp, const i
 
 void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                       const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens, double scale,
-                      at::Tensor& out) {
-  check_varlen_attention("extend_attention", q, k, v, kv_idx, seq_lens, q_start, q_lens, out);
+                      int64_t window, double softcap, at::Tensor& out) {
+  check_varlen_attention("extend_attention", q, k, v, kv_idx, seq_lens, q_start, q_lens, out, window, softcap);
   const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1);
   const int64_t H = q.size(1), D = q.size(2), Hkv = k.size(1);
   TORCH_CHECK(D % 8 == 0, "extend_attention: head size ", D, " is not a multiple of 8");
@@ -228,11 +245,12 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   for (int64_t b = 0; b < nb; ++b) {
     for (int64_t i0 = 0; i0 < np[b]; i0 += kQBlock) {
       const int64_t i1 = std::min(i0 + kQBlock, np[b]);
-      for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, i0, i1, (i1 - i0) * (lp[b] - np[b] + i1)});
+      const BlockKeys keys = block_keys(lp[b] - np[b], i0, i1, window);
+      for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, i0, i1, (i1 - i0) * (keys.last - keys.first)});
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& c) { return a.cost > c.cost; });
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t row = Hkv * D;
@@ -243,7 +261,8 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       Scratch w;
       for (int64_t j = next.fetch_add(1); j < total; j = next.fetch_add(1)) {
         const Item& it = items[j];
-        run_item(it, qp, kp, vp, ip + it.b * max_len, lp[it.b], np[it.b], sp[it.b], H, G, D, row, fscale, op, w);
+        run_item(it, qp, kp, vp, ip + it.b * max_len, lp[it.b], np[it.b], sp[it.b], H, G, D, row, fscale, window,
+                 fcap, op, w);
       }
     });
   };

@@ -5,13 +5,15 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(radixserve_cpu, m) {
+  // attention: window = the layer's sliding window (0 = global), softcap = its logit soft-cap (0 = none),
+  // as RadixAttention.window_arg / cap_arg pass them (csrc/attn_common.h)
   m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, int L, float scale, "
-        "Tensor(a!) out) -> ()");
+        "int window, float softcap, Tensor(a!) out) -> ()");
   m.def("paged_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, Tensor q_start, "
-        "Tensor q_lens, float scale, Tensor(a!) out) -> ()");
+        "Tensor q_lens, float scale, int window, float softcap, Tensor(a!) out) -> ()");
   // long query blocks (PREFILL / EXTEND): tiled, online softmax, K/V read in place (flash_attention.cpp)
   m.def("extend_attention(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, Tensor q_start, "
-        "Tensor q_lens, float scale, Tensor(a!) out) -> ()");
+        "Tensor q_lens, float scale, int window, float softcap, Tensor(a!) out) -> ()");
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!)? residual, Tensor weight, float eps) -> ()");
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");

@@ -12,14 +12,16 @@ void fused_add_rms_norm_(at::Tensor& x, const c10::optional<at::Tensor>& residua
 void rope_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_cache, const at::Tensor& sin_cache);
 void silu_and_mul(const at::Tensor& x, at::Tensor& out);
 
-// paged_attention.cpp
+// paged_attention.cpp. window (0 = global) and softcap (0 = none): attn_common.h
 void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
-                     const at::Tensor& seq_lens, int64_t L, double scale, at::Tensor& out);
+                     const at::Tensor& seq_lens, int64_t L, double scale, int64_t window, double softcap,
+                     at::Tensor& out);
 // The argument rules of the variable-length attention ops (paged_attention_varlen, extend_attention):
-// dtypes, layout, one entry per request, query rows inside q, seq_lens inside the slot table, slots
-// inside the pool. `op` names the caller in the error.
+// dtypes, layout, one entry per request, query rows inside q, seq_lens inside the slot table, the
+// slots the window lets a query read inside the pool, window >= 0, softcap finite and >= 0. `op`
+// names the caller in the error.
 void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& kv_idx, const at::Tensor& seq_lens, const at::Tensor& q_start,
-                            const at::Tensor& q_lens, const at::Tensor& out);
+                            const at::Tensor& q_lens, const at::Tensor& out, int64_t window, double softcap);
 
 }  // namespace radixserve

@@ -15,7 +15,9 @@
 //   kv_idx   [nb, max_len]     int64 slot table, row b valid for seq_lens[b] entries
 //   seq_lens [nb]              int64 KV length including this step's L tokens (already written)
 //   out      [nb * L, H, D]
-// Query i of request b sits at position seq_len - L + i and sees keys 0 .. seq_len - L + i.
+// Query i of request b sits at position pos = seq_len - L + i and sees keys 0 .. pos, or only the last
+// `window` of them (window > 0); scores are soft-capped when softcap > 0 (attn_common.h). Rows keep
+// their scores relative to their first visible key, so keys outside a window are never read.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/torch.h>
@@ -31,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "attn_common.h"
 #include "bf16.h"
 #include "ops.h"
 
@@ -270,24 +273,24 @@ inline void rows_weighted_sum(const float* scores, int64_t pstride, const T* vp,
 }
 
 // Scores of query rows i0 <= i < i1 of one (request, kv head), row r = (i - i0) * G + g, against
-// their visible keys: query i sits at position pos0 + i and sees keys 0 .. pos0 + i. q0 is the
-// request's query row 0; row r's scores go to scores + r * stride. The G heads of one position go
+// their visible keys: query i sits at position pos0 + i and sees keys keys_of(pos0 + i, window), whose
+// score j (key lo + j) goes to scores + r * stride + j. q0 is the request's query row 0. The G heads of one position go
 // together (group_scores: each K chunk loaded once for them), 64 columns at a time; a row's scores
 // depend only on its query, its position and the keys, never on which other rows share the call.
 // False when this layout has no vector path (the caller then uses dot_group).
 template <typename T>
 inline bool rows_scores(const float* q0, const T* kp, const int64_t* idx, int64_t h, int64_t i0, int64_t i1,
-                        int64_t pos0, int64_t H, int64_t G, int64_t D, int64_t row, int64_t stride, float scale,
-                        float* scores) {
+                        int64_t pos0, int64_t window, int64_t H, int64_t G, int64_t D, int64_t row, int64_t stride,
+                        float scale, float* scores) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 64 != 0) return false;
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t visible = pos0 + i + 1;
+    const KeyRange keys = keys_of(pos0 + i, window);
     for_head_chunks(G, [&](auto ng, int64_t g0) {
       const float* q = q0 + (i * H + h * G + g0) * D;
       float* s0 = scores + ((i - i0) * G + g0) * stride;
       for (int64_t c = 0; c < D; c += 64) {
-        group_scores<decltype(ng)::value>(q, kp, idx, h * D, visible, D, row, c, scale, s0, stride);
+        group_scores<decltype(ng)::value>(q, kp, idx + keys.lo, h * D, keys.n, D, row, c, scale, s0, stride);
       }
     });
   }
@@ -297,11 +300,31 @@ inline bool rows_scores(const float* q0, const T* kp, const int64_t* idx, int64_
 #endif
 }
 
-// The fixed-L layout of paged_attention: rows 0 .. L-1 of request b, scores strided by len.
+// The fixed-L layout of paged_attention: rows 0 .. L-1 of request b, scores strided by `stride`.
 template <typename T>
 inline bool row_scores(const float* qp, const T* kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
-                       int64_t H, int64_t G, int64_t D, int64_t row, int64_t len, float scale, float* scores) {
-  return rows_scores(qp + b * L * H * D, kp, idx, h, 0, L, len - L, H, G, D, row, len, scale, scores);
+                       int64_t window, int64_t H, int64_t G, int64_t D, int64_t row, int64_t len, int64_t stride,
+                       float scale, float* scores) {
+  return rows_scores(qp + b * L * H * D, kp, idx, h, 0, L, len - L, window, H, G, D, row, stride, scale, scores);
+}
+
+// Soft-cap (softcap > 0), then exp(s[t] - max) in place over a row's n visible scores; returns 1 / their
+// sum (the caller applies it at the end). Built with -ffast-math so GCC vectorises expf through
+// glibc's libmvec (scalar expf was ~40% of the kernel).
+inline float softmax_row(float* s, int64_t n, float softcap) {
+  if (softcap > 0.f) soft_cap(s, n, softcap);
+  float m = s[0];
+  for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  for (int64_t t = 0; t < n; ++t) s[t] = std::exp(s[t] - m);
+  for (int64_t t = 0; t < n; ++t) sum += s[t];
+  return 1.f / sum;
+}
+
+// The last query row (exclusive, capped at i1) of a block at positions pos0 + i that sees key t: a
+// window hides key t from positions >= t + window.
+inline int64_t rows_seeing_end(int64_t t, int64_t pos0, int64_t window, int64_t i1) {
+  return window > 0 ? std::min(i1, t - pos0 + window) : i1;
 }
 
 inline bool kv_dtype_ok(const at::Tensor& k, const at::Tensor& v) {
@@ -321,8 +344,10 @@ inline void with_kv(const at::Tensor& k, const at::Tensor& v, F&& f) {
 }  // namespace
 
 void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
-                     const at::Tensor& seq_lens, int64_t L, double scale, at::Tensor& out) {
+                     const at::Tensor& seq_lens, int64_t L, double scale, int64_t window, double softcap,
+                     at::Tensor& out) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention: CPU tensors only");
+  check_window_softcap("paged_attention", window, softcap);
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v),
               "paged_attention: q and out float32, k and v both float32 or both bfloat16");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
@@ -337,7 +362,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(L >= 1 && q.size(0) == nb * L && seq_lens.size(0) == nb, "paged_attention: q rows != nb * L");
   TORCH_CHECK(k.size(2) == D && Hkv >= 1 && H % Hkv == 0, "paged_attention: head layout mismatch");
   const int64_t G = H / Hkv;
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
   const float* qp = q.data_ptr<float>();
   const int64_t* ip = kv_idx.data_ptr<int64_t>();
   const int64_t* lp = seq_lens.data_ptr<int64_t>();
@@ -345,7 +370,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   for (int64_t b = 0; b < nb; ++b) {
     TORCH_CHECK(lp[b] >= L && lp[b] <= max_len, "paged_attention: seq_len ", lp[b], " of request ", b,
                 " outside [", L, ", ", max_len, "]");
-    for (int64_t t = 0; t < lp[b]; ++t) {
+    // only the slots some query reads: those before the first row's window are never touched
+    for (int64_t t = window_start(lp[b] - L, window); t < lp[b]; ++t) {
       const int64_t slot = ip[b * max_len + t];
       TORCH_CHECK(slot >= 0 && slot < S, "paged_attention: slot ", slot, " outside the pool of ", S);
     }
@@ -358,39 +384,36 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     std::vector<float> scores, acc, inv_sum, sg(G);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / Hkv, h = w % Hkv;
-      const int64_t len = lp[b], R = L * G;  // row r = i * G + g: query i, head h * G + g
+      const int64_t len = lp[b], R = L * G, pos0 = len - L;  // row r = i * G + g: query i, head h * G + g
       const int64_t* idx = ip + b * max_len;
-      scores.assign(R * len, 0.f);
+      // >= every row's visible count; with a window the scratch stays O(window), not O(len)
+      const int64_t stride = window > 0 ? std::min(len, window) : len;
+      scores.assign(R * stride, 0.f);
       acc.assign(R * D, 0.f);
       inv_sum.assign(R, 0.f);
-      // Pass 1: scores. Query i sees keys t <= len - L + i.
-      if (!row_scores(qp, kp, idx, b, h, L, H, G, D, row, len, fscale, scores.data())) {
-        for (int64_t t = 0; t < len; ++t) {
+      // Pass 1: scores. Query i at position pos0 + i sees keys keys_of(pos0 + i, window); its score of
+      // key lo + j goes to column j.
+      if (!row_scores(qp, kp, idx, b, h, L, window, H, G, D, row, len, stride, fscale, scores.data())) {
+        for (int64_t t = window_start(pos0, window); t < len; ++t) {
           if (t + kAhead < len) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
           const auto* kr = kp + idx[t] * row + h * D;
-          for (int64_t i = (t > len - L ? t - (len - L) : 0); i < L; ++i) {
+          for (int64_t i = (t > pos0 ? t - pos0 : 0); i < rows_seeing_end(t, pos0, window, L); ++i) {
             dot_group(qp + ((b * L + i) * H + h * G) * D, kr, G, D, sg.data());  // heads h*G .. h*G+G-1
-            for (int64_t g = 0; g < G; ++g) scores[(i * G + g) * len + t] = sg[g] * fscale;
+            const int64_t j = t - window_start(pos0 + i, window);
+            for (int64_t g = 0; g < G; ++g) scores[(i * G + g) * stride + j] = sg[g] * fscale;
           }
         }
       }
-      // Softmax of each row over its visible keys; the normaliser is applied at the end. Built with
-      // -ffast-math so GCC vectorises expf through glibc's libmvec (scalar expf was ~40% of the kernel).
+      // Softmax of each row over its visible keys; the normaliser is applied at the end.
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t visible = len - L + r / G + 1;
-        float* s = scores.data() + r * len;
-        float m = s[0];
-        for (int64_t t = 1; t < visible; ++t) m = s[t] > m ? s[t] : m;
-        float sum = 0.f;
-        for (int64_t t = 0; t < visible; ++t) s[t] = std::exp(s[t] - m);
-        for (int64_t t = 0; t < visible; ++t) sum += s[t];
-        inv_sum[r] = 1.f / sum;
+        inv_sum[r] = softmax_row(scores.data() + r * stride, keys_of(pos0 + r / G, window).n, fcap);
       }
       // Pass 2: weighted sum of V rows, one query row at a time with its 64-column slice of the
       // accumulator held in registers (an in-memory accumulator updated per key stalled on
       // store-to-load forwarding). Each V row is read R times, from L1/L2 after the first.
       for (int64_t i = 0; i < L; ++i) {
-        rows_weighted_sum(scores.data() + i * G * len, len, vp, idx, row, h * D, len - L + i + 1, G, D,
+        const KeyRange keys = keys_of(pos0 + i, window);
+        rows_weighted_sum(scores.data() + i * G * stride, stride, vp, idx + keys.lo, row, h * D, keys.n, G, D,
                           acc.data() + i * G * D);
       }
       for (int64_t r = 0; r < R; ++r) {
@@ -412,35 +435,24 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 //   seq_lens, q_start, q_lens [nb] int64
 //   out      [n, H, D]      rows not owned by any request are left untouched
 // Query i of request b sits at position seq_lens[b] - q_lens[b] + i and sees keys 0 .. that position
-// (causal inside the block, whole history before it): PREFILL, EXTEND, DECODE, MIXED and
-// TARGET_VERIFY are all this one rule. Work items are (request, kv head, block of kRowBlock query
-// rows), so a long prompt uses every thread and the scratch stays O(kRowBlock * seq_len).
+// (causal inside the block, whole history before it), or the last `window` of them: PREFILL, EXTEND,
+// DECODE, MIXED and TARGET_VERIFY are all this one rule. Work items are (request, kv head, block of
+// kRowBlock query rows), so a long prompt uses every thread and the scratch stays O(kRowBlock *
+// seq_len), O(kRowBlock * window) with a window.
 //
-// Batch invariance: a query row's result is a function of its query vector, its position and the
-// keys/values it sees, computed by the same sequence of float operations whatever the other rows of
+// Batch invariance: a query row's result is a function of its query vector, its position, the window,
+// the soft-cap and the keys/values it sees, computed by the same sequence of float operations whatever the other rows of
 // the call (other requests, other rows of the block, the block length): keys are visited in
 // position order with the grouping of rows_scores fixed by the row's own visible count, the softmax
 // and the weighted sum run per row, and each row's score buffer starts 64-byte aligned with a
 // stride rounded to 16 floats, so even a compiler's alignment peeling treats every row alike.
 constexpr int64_t kRowBlock = 16;
 
-namespace {
-// exp(s[t] - max) in place over the visible keys; returns 1 / their sum (applied at the end)
-inline float softmax_row(float* s, int64_t visible) {
-  float m = s[0];
-  for (int64_t t = 1; t < visible; ++t) m = s[t] > m ? s[t] : m;
-  float sum = 0.f;
-  for (int64_t t = 0; t < visible; ++t) s[t] = std::exp(s[t] - m);
-  for (int64_t t = 0; t < visible; ++t) sum += s[t];
-  return 1.f / sum;
-}
-
-}  // namespace
-
 void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& kv_idx, const at::Tensor& seq_lens, const at::Tensor& q_start,
-                            const at::Tensor& q_lens, const at::Tensor& out) {
+                            const at::Tensor& q_lens, const at::Tensor& out, int64_t window, double softcap) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), op, ": CPU tensors only");
+  check_window_softcap(op, window, softcap);
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v), op,
               ": q and out float32, k and v both float32 or both bfloat16");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
@@ -466,7 +478,8 @@ void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tenso
                 ") of request ", b, " outside q's ", n, " rows");
     TORCH_CHECK(lp[b] >= np[b] && lp[b] <= max_len, op, ": seq_len ", lp[b], " of request ", b, " outside [", np[b],
                 ", ", max_len, "]");
-    for (int64_t t = 0; t < lp[b]; ++t) {
+    // only the slots some query reads: those before the first row's window are never touched
+    for (int64_t t = window_start(lp[b] - np[b], window); t < lp[b]; ++t) {
       const int64_t slot = ip[b * max_len + t];
       TORCH_CHECK(slot >= 0 && slot < S, op, ": slot ", slot, " outside the pool of ", S);
     }
@@ -475,12 +488,12 @@ void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tenso
 
 void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                             const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens,
-                            double scale, at::Tensor& out) {
-  check_varlen_attention("paged_attention_varlen", q, k, v, kv_idx, seq_lens, q_start, q_lens, out);
+                            double scale, int64_t window, double softcap, at::Tensor& out) {
+  check_varlen_attention("paged_attention_varlen", q, k, v, kv_idx, seq_lens, q_start, q_lens, out, window, softcap);
   const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1);
   const int64_t H = q.size(1), D = q.size(2), Hkv = k.size(1);
   const int64_t G = H / Hkv;
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
   const float* qp = q.data_ptr<float>();
   const int64_t* ip = kv_idx.data_ptr<int64_t>();
   const int64_t* lp = seq_lens.data_ptr<int64_t>();
@@ -500,29 +513,32 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
       const int64_t b = blocks[w / Hkv].first, i0 = blocks[w / Hkv].second, h = w % Hkv;
       const int64_t i1 = std::min(i0 + kRowBlock, np[b]);
       const int64_t pos0 = lp[b] - np[b], R = (i1 - i0) * G;
-      const int64_t stride = (pos0 + i1 + 15) / 16 * 16;  // >= the block's longest visible count
+      // >= the block's longest visible count (the last row's, or the window)
+      const int64_t widest = window > 0 ? std::min(pos0 + i1, window) : pos0 + i1;
+      const int64_t stride = (widest + 15) / 16 * 16;
       const int64_t* idx = ip + b * max_len;
       const float* q0 = qp + sp[b] * H * D;
       buf.resize(R * stride + 16);
       float* scores = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-      if (!rows_scores(q0, kp, idx, h, i0, i1, pos0, H, G, D, row, stride, fscale, scores)) {
+      if (!rows_scores(q0, kp, idx, h, i0, i1, pos0, window, H, G, D, row, stride, fscale, scores)) {
         // No vector layout: keys outer, each visible (row, head) pair scored by dot_group, whose
         // per-head arithmetic depends only on the head's index g.
-        const int64_t last = pos0 + i1;  // keys 0 .. last - 1 are visible to some row
-        for (int64_t t = 0; t < last; ++t) {
+        const int64_t last = pos0 + i1;  // keys first .. last - 1 are visible to some row
+        for (int64_t t = window_start(pos0 + i0, window); t < last; ++t) {
           if (t + kAhead < last) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
           const auto* kr = kp + idx[t] * row + h * D;
-          for (int64_t i = std::max(i0, t - pos0); i < i1; ++i) {
+          for (int64_t i = std::max(i0, t - pos0); i < rows_seeing_end(t, pos0, window, i1); ++i) {
             dot_group(q0 + (i * H + h * G) * D, kr, G, D, sg.data());
-            for (int64_t g = 0; g < G; ++g) scores[((i - i0) * G + g) * stride + t] = sg[g] * fscale;
+            const int64_t j = t - window_start(pos0 + i, window);
+            for (int64_t g = 0; g < G; ++g) scores[((i - i0) * G + g) * stride + j] = sg[g] * fscale;
           }
         }
       }
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t visible = pos0 + i + 1;
+        const KeyRange keys = keys_of(pos0 + i, window);
         float* s0 = scores + (i - i0) * G * stride;
-        for (int64_t g = 0; g < G; ++g) inv[g] = softmax_row(s0 + g * stride, visible);
-        rows_weighted_sum(s0, stride, vp, idx, row, h * D, visible, G, D, acc.data());
+        for (int64_t g = 0; g < G; ++g) inv[g] = softmax_row(s0 + g * stride, keys.n, fcap);
+        rows_weighted_sum(s0, stride, vp, idx + keys.lo, row, h * D, keys.n, G, D, acc.data());
         for (int64_t g = 0; g < G; ++g) {
           float* orow = op + ((sp[b] + i) * H + h * G + g) * D;
           for (int64_t d = 0; d < D; ++d) orow[d] = acc[g * D + d] * inv[g];
