@@ -86,10 +86,6 @@ class CpuGraphRunner:
                 return "a projection has no low-bit copy"
             if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
                 return "o_proj / down_proj with a bias"
-            radix = getattr(attn, "attn", None)
-            if radix is None or radix.window_arg or radix.cap_arg:
-                # the stack's attention is global and uncapped (decode_stack.cpp)
-                return "a layer with a sliding window or a logit soft-cap"
         return None
 
     @staticmethod
