@@ -62,7 +62,7 @@ ARITHMETIC_KEYS: dict[str, Any] = {
 }
 
 ARCH_SPECS: dict[str, ArchSpec] = {
-    "LlamaForCausalLM": ArchSpec(),
+    "LlamaForCausalLM": ArchSpec(implements=frozenset({"sliding_window"})),  # GGUF "llama" files of Mistral v0.1
     "MistralForCausalLM": ArchSpec(implements=frozenset({"sliding_window"})),
     "Qwen2ForCausalLM": ArchSpec(qkv_bias=True, implements=frozenset({"sliding_window", "layer_types"})),
     "Qwen3ForCausalLM": ArchSpec(qk_norm=True, implements=frozenset({"sliding_window", "layer_types"})),

@@ -41,12 +41,14 @@ ARCHITECTURES = {
     "phi3_partial": ("Phi3Config", "Phi3ForCausalLM", dict(
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         tie_word_embeddings=False, pad_token_id=0)),
+    # LongRoPE: served past the original context, every position takes the long factors (llama.cpp's static
+    # rule); transformers takes them for a forward whose length exceeds the original, as every one here does
     "phi3_window_longrope": ("Phi3Config", "Phi3ForCausalLM", dict(
-        sliding_window=W, pad_token_id=0, original_max_position_embeddings=16,
+        sliding_window=W, pad_token_id=0, original_max_position_embeddings=4,
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                          "short_factor": [1.0 + 0.1 * i for i in range(8)],
                          "long_factor": [2.0 + 0.5 * i for i in range(8)],
-                         "original_max_position_embeddings": 16})),
+                         "original_max_position_embeddings": 4})),
 }
 
 BACKENDS = {"fast": ("auto", "auto"), "plain": ("torch", "torch_native")}
