@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary: its drift, same run")
+    p.add_argument("--llama-cpp-python", default=None, metavar="PYTHON",
+                   help="a Python with llama-cpp-python: a current llama.cpp's drift, same run (Gemma 3, Qwen3)")
     p.add_argument("--json", default=None)
     return p
 
@@ -120,6 +122,36 @@ def llama_cpp_row(binary: str, gguf: str, threads: int, prompts: list[list[int]]
             "first_pos_top5_abs_dlogprob": round(sum(top5) / max(1, len(top5)), 4), "positions": total}
 
 
+def llama_cpp_python_row(python: str, gguf: str, threads: int, prompts: list[list[int]],
+                         reference: list[tuple[list[int], list[torch.Tensor]]]) -> dict[str, Any]:
+    """llama.cpp's drift through llama-cpp-python: every position of prompt + the exact mode's tokens in one
+    eval (logits_all), the same comparison as ours."""
+    from radixserve.bench import llama_cpp_python
+
+    seqs = [p + toks for p, (toks, _) in zip(prompts, reference)]
+    rows = llama_cpp_python.logprobs(python, gguf, threads, seqs)
+    agree = total = 0
+    dlp: list[float] = []
+    for p, (toks, lps), row in zip(prompts, reference, rows):
+        for i, t in enumerate(toks):
+            pos = len(p) - 1 + i  # the position whose logits predict toks[i]
+            agree += row["argmax"][pos] == t
+            total += 1
+            dlp.append(abs(row["chosen"][pos] - float(lps[i][t])))
+    return {"format": "llama.cpp", "quantization": f"its own kernels ({llama_cpp_python.version(python)})",
+            "top1_agreement": round(agree / total, 4), "mean_abs_dlogprob": round(sum(dlp) / len(dlp), 4),
+            "first_pos_top5_abs_dlogprob": None, "positions": total}
+
+
+def _prompt_ids(tok: Any, text: str) -> list[int]:
+    """The chat template's text as a chat prompt is tokenised (no extra BOS); a base model without a
+    template (Gemma 3 270M) reads the plain text with its own special tokens, as a completion would."""
+    if not tok.chat_template:
+        return tok.encode(text)
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False), add_special_tokens=False)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -135,10 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     exact = _runner(args.model_path, "none", args.threads, dtype="float32")  # the exact mode, on every CPU
     tok = get_tokenizer(exact.model_path)
-    # the text the chat template writes, tokenised as the server tokenises a chat prompt (no extra BOS)
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                  tokenize=False), add_special_tokens=False)
-               for p in PROMPTS[: args.num_prompts]]
+    prompts = [_prompt_ids(tok, p) for p in PROMPTS[: args.num_prompts]]
     reference = [_trace(exact, p, None, args.max_new_tokens) for p in prompts]
     rows = []
     for fmt in formats:
@@ -159,6 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "first_pos_top5_abs_dlogprob": round(sum(top5) / len(top5), 4), "positions": total})
     if args.llama_server:
         rows.append(llama_cpp_row(args.llama_server, exact.model_path, args.threads or 2, prompts, reference))
+    if args.llama_cpp_python:
+        rows.append(llama_cpp_python_row(args.llama_cpp_python, exact.model_path, args.threads or 2, prompts, reference))
     print(f"{args.num_prompts} chat prompts x {args.max_new_tokens} tokens, teacher-forced on the exact mode's "
           "greedy output (batch-1 decode steps)")
     print_table(rows)

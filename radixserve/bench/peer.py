@@ -30,7 +30,13 @@ FORMATS = {"exact": ("none", "float32"), "auto": ("auto", "auto"), "none": ("non
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radixserve bench peer", description=__doc__.split("\n")[0])
-    p.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench binary")
+    peer = p.add_mutually_exclusive_group(required=True)
+    peer.add_argument("--llama-bench", help="path of llama.cpp's llama-bench binary")
+    peer.add_argument("--llama-cpp-python", metavar="PYTHON",
+                      help="a Python interpreter with llama-cpp-python installed: a current llama.cpp through its "
+                           "Llama API (Gemma 3, Qwen3; bench/llama_cpp_python.py)")
+    p.add_argument("--long-contexts", default="", help="comma-separated contexts of extra batch-1 decode figures "
+                                                       "(e.g. 8192: a sliding-window model's cost should stay flat)")
     p.add_argument("--model-path", default=None, help="GGUF file (default: the embedded SmolLM2-135M Q4_1)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--formats", default="exact,auto", help=f"comma-separated, of {', '.join(FORMATS)}")
@@ -66,16 +72,25 @@ def radixserve_figures(fmt: str, args: argparse.Namespace) -> dict[str, float]:
     ns.model_path, ns.threads = args.model_path, args.threads
     ns.quantization, ns.dtype = FORMATS[fmt]
     ns.kv_cache_dtype = args.kv_cache_dtype
-    ns.prefill_lens, ns.batch_sizes, ns.context_lens = [args.prompt_len], [1], [args.context_len]
+    ns.prefill_lens, ns.batch_sizes = [args.prompt_len], [1]
+    ns.context_lens = [args.context_len, *_contexts(args)]
     ns.repeats, ns.warmup = args.repeats, 2
     ns.roofline_rows, ns.roofline_min_time = [1, 512], 0.1
     runner = one_batch.make_runner(ns)
     res = one_batch.run(runner, ns)
     pf = res["prefill"][0]
-    dec = next(r for r in res["decode"] if r["batch_size"] == 1)
+    dec = next(r for r in res["decode"] if r["batch_size"] == 1 and r["context_len"] == args.context_len)
     bw = res["batch1_decode_bandwidth"][0]
-    return {"pp": pf["tokens_per_s"], "tg": dec["tokens_per_s"], "prefill_fraction_of_peak_flops": pf["fraction_of_peak_flops"],
-            "decode_fraction_of_bandwidth": bw["fraction_of_bandwidth"], "decode_step_ms": dec["decode_step_ms"]}
+    out = {"pp": pf["tokens_per_s"], "tg": dec["tokens_per_s"], "prefill_fraction_of_peak_flops": pf["fraction_of_peak_flops"],
+           "decode_fraction_of_bandwidth": bw["fraction_of_bandwidth"], "decode_step_ms": dec["decode_step_ms"]}
+    for ctx in _contexts(args):
+        out[f"tg_at_{ctx}"] = next(r["tokens_per_s"] for r in res["decode"]
+                                   if r["batch_size"] == 1 and r["context_len"] == ctx)
+    return out
+
+
+def _contexts(args: argparse.Namespace) -> list[int]:
+    return [int(c) for c in args.long_contexts.split(",") if c.strip()]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -87,10 +102,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from radixserve.model_loader import default_model_path
 
     gguf = args.model_path or default_model_path()
-    peer = llama_bench(args.llama_bench, gguf, args.threads, args.prompt_len, args.gen_len)
+    if args.llama_bench:
+        peer = llama_bench(args.llama_bench, gguf, args.threads, args.prompt_len, args.gen_len)
+        if _contexts(args):
+            raise SystemExit("--long-contexts needs --llama-cpp-python (llama-bench has no context-depth figure here)")
+    else:
+        from radixserve.bench import llama_cpp_python
+
+        peer = llama_cpp_python.speed(args.llama_cpp_python, gguf, args.threads, args.prompt_len, args.gen_len,
+                                      _contexts(args))
     ours = {fmt: radixserve_figures(fmt, args) for fmt in formats}
     rows = []
-    for key, label in (("pp", f"prefill {args.prompt_len} (tok/s)"), ("tg", f"batch-1 decode (tok/s; llama.cpp tg{args.gen_len})")):
+    figures = [("pp", f"prefill {args.prompt_len} (tok/s)"), ("tg", f"batch-1 decode (tok/s; llama.cpp tg{args.gen_len})")]
+    figures += [(f"tg_at_{c}", f"batch-1 decode at context {c} (tok/s)") for c in _contexts(args)]
+    for key, label in figures:
         row: dict[str, Any] = {"figure": label, "llama.cpp": round(peer[key], 1)}
         for fmt in formats:
             row[f"radixserve {fmt}"] = round(ours[fmt][key], 1)
