@@ -16,15 +16,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-# Tensor types we dequantise (all through gguf.quants). The list is deliberately explicit: gguf can
-# also decode e.g. the IQ families, but we neither test them nor promise them.
-SUPPORTED_TENSOR_TYPES: frozenset[QType] = frozenset(
-    {
-        QType.F32, QType.F16, QType.BF16,
-        QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
-        QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-    }
-)  # fmt: skip
+# the tensor types we load (each dequantised through gguf.quants for the float weights): the registry's
+from radixserve.layers.quantization.gguf_formats import SUPPORTED_TENSOR_TYPES
 
 _MISSING = object()
 

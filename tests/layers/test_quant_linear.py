@@ -4,8 +4,6 @@ layout's round trip, the few-row dispatch, and bad shapes refused with the layer
 
 from __future__ import annotations
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -62,17 +60,6 @@ def test_quantisation_error_is_within_half_a_step(kind, bound) -> None:
     span = w.reshape(64, -1, QBLOCK)
     span = span.abs().amax(2) * 2 if kind == QKIND_Q8_0 else span.amax(2) - span.amin(2)
     assert (err <= span * bound * 1.0001 + 1e-7).all()
-
-
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
-def test_gguf_blocks_convert_without_loss(qtype) -> None:
-    t = getattr(gguf.GGMLQuantizationType, qtype)
-    w = np.random.default_rng(0).standard_normal((24, 96)).astype(np.float32)
-    raw = gguf.quants.quantize(w, t)  # uint8 [24, bytes per row], the file's own encoding
-    want = torch.from_numpy(gguf.quants.dequantize(raw, t).reshape(24, 96).astype(np.float32))
-    rows = QuantRows.from_gguf_blocks(qtype, raw)
-    assert torch.equal(rows.dequantize(), want)
-    assert torch.equal(QuantWeight.from_rows(rows).dequantize(), want)
 
 
 def test_bad_shapes_are_refused_naming_the_layer() -> None:
