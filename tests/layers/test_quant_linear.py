@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.linear import PackableLinear, quant_rows_mode
 from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS
-from radixserve.layers.quantization.qweight import KINDS, QBLOCK, QKIND_Q4_1, QKIND_Q8_0, QuantRows, QuantWeight
+from radixserve.layers.quantization.qweight import (
+    KINDS,
+    QBLOCK,
+    QKIND_Q4_1,
+    QKIND_Q8_0,
+    QuantRows,
+    QuantWeight,
+)
 from tests.layers.test_gguf_formats import random_blocks
 
 ops, why = load_cpu_ops()
