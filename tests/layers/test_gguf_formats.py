@@ -19,6 +19,7 @@ from radixserve.layers.quantization.qweight import KINDS, QuantRows, QuantWeight
 # byte offsets of each type's float16 scales (ggml's block structs), to keep them finite
 SCALE_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
                  "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+OTHER_SCALE_OFFSETS = {"IQ2_XS": [0]}  # a re-quantised type, for the model tests
 
 
 def random_blocks(qtype: str, n: int, blocks: int, seed: int) -> np.ndarray:
@@ -26,11 +27,26 @@ def random_blocks(qtype: str, n: int, blocks: int, seed: int) -> np.ndarray:
     exponent gets its top bit cleared)."""
     fmt = FORMATS[qtype]
     raw = np.random.default_rng(seed).integers(0, 256, (n * blocks, fmt.block_bytes), dtype=np.uint8)
-    for off in SCALE_OFFSETS[qtype]:
+    for off in (SCALE_OFFSETS | OTHER_SCALE_OFFSETS)[qtype]:
         v = raw[:, off : off + 2].copy().view(np.uint16)
         v = np.where((v & 0x7C00) == 0x7C00, v ^ 0x4000, v).astype(np.uint16)
         raw[:, off : off + 2] = v.view(np.uint8)
     return raw.reshape(n, blocks * fmt.block_bytes)
+
+
+def small_blocks(qtype: str, n: int, blocks: int, seed: int, peak: float = 0.25) -> np.ndarray:
+    """Random blocks whose weights stay within about `peak` (for a model that runs): every float16 scale
+    set to 1, the largest |weight| measured, then each scale set to peak / that * U(0.5, 1)."""
+    raw = random_blocks(qtype, n, blocks, seed).reshape(n * blocks, -1)
+    offs = (SCALE_OFFSETS | OTHER_SCALE_OFFSETS)[qtype]
+    for off in offs:
+        raw[:, off : off + 2] = np.full((len(raw), 1), 1.0, np.float16).view(np.uint8)
+    top = np.abs(reference(qtype, raw)).amax(dim=1).clamp(min=1.0).numpy()[:, None]
+    rng = np.random.default_rng(seed + 1)
+    for off in offs:
+        scale = (peak / top * rng.uniform(0.5, 1.0, (len(raw), 1))).astype(np.float16)
+        raw[:, off : off + 2] = scale.view(np.uint8)
+    return raw.reshape(n, -1)
 
 
 def reference(qtype: str, raw: np.ndarray) -> torch.Tensor:
