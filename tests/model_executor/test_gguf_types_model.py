@@ -30,7 +30,7 @@ TYPES = {
     1: {"q_proj": "Q3_K", "k_proj": "Q5_0", "v_proj": "Q8_0", "o_proj": "Q4_1", "gate_proj": "IQ4_NL",
         "up_proj": "Q5_1", "down_proj": "Q6_K"},
 }
-SHAPE = dict(hidden=256, heads=4, kv_heads=2, ffn=512, vocab=96, layers=2, tied=True)
+SHAPE = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 512, "vocab": 96, "layers": 2, "tied": True}
 
 
 def _encoder(types: dict[int, dict[str, str]]):
@@ -93,6 +93,32 @@ def test_the_decode_stack_runs_every_kind_as_the_layers_do(mixed_file) -> None:
         hb.release_all()
     for a, b in zip(*logits):
         assert a.isfinite().all() and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_tensor_parallel_shards_keep_the_files_values(mixed_file, rank) -> None:
+    """tp 2: o_proj (K 256) and down_proj (K 512) are cut at K/2, inside a 256-element super-block. The
+    converted rows carry a scale (and min) per 32 or 16, so any cut on a 32-block boundary is exact:
+    each rank's low-bit copy dequantises to the float shard it holds."""
+    from radixserve.distributed.parallel_state import ParallelState
+    from radixserve.layers.linear import PackableLinear
+    from radixserve.layers.quantization.plan import quantize_model
+    from radixserve.model_loader import get_model_config, iterate_weights
+    from radixserve.model_loader.gguf import gguf_tensor_blocks
+    from radixserve.models.registry import get_model_class
+
+    cfg = get_model_config(str(mixed_file))
+    model = get_model_class(cfg.architecture)(cfg, ParallelState(tp_rank=rank, tp_size=2))
+    model.load_weights(iterate_weights(str(mixed_file)))
+    report = quantize_model(model, "auto", model.checkpoint_sources, lambda m: m.weight,
+                            gguf_tensor_blocks(str(mixed_file)))
+    assert not report.requantized and sum(report.counts.values()) == 8
+    checked = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, PackableLinear) and mod.qweight is not None:
+            assert torch.equal(mod.qweight.dequantize(), mod.weight), (rank, name)
+            checked += 1
+    assert checked == 8
 
 
 def test_a_type_without_an_exact_layout_is_requantised_with_one_line(tmp_path, caplog) -> None:
