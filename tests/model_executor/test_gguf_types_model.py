@@ -131,3 +131,19 @@ def test_a_type_without_an_exact_layout_is_requantised_with_one_line(tmp_path, c
                                           "IQ2_XS+Q5_1": ["model.layers.1.mlp.gate_up_proj"]}
     lines = [r.getMessage() for r in caplog.records if "re-quantised" in r.getMessage()]
     assert len(lines) == 2 and all("IQ2_XS" in line for line in lines), lines
+
+
+def test_the_benches_type_table_has_one_row_per_type(tmp_path) -> None:
+    from radixserve.layers.quantization.type_report import type_rows
+
+    types = {i: {**TYPES[i], "gate_proj": "IQ2_XS"} for i in range(2)}
+    path = write_gguf(TinyModel(**SHAPE), tmp_path / "iq2.gguf", _encoder(types)).path
+    rows = {r["type"]: r for r in type_rows(str(path), ops, rows=(1, 3))}
+    present = {t for layer in types.values() for t in layer.values()} | {"F16"}
+    assert set(rows) == present
+    assert rows["IQ2_XS"]["auto"] == "requant -> Q4_1" and rows["IQ2_XS"]["max |w - file|"] > 0
+    assert rows["F16"]["auto"] == "float" and rows["F16"]["activation"] == "float"
+    for name, row in rows.items():
+        assert row["ms @ 1 rows"] > 0 and row["ms @ 3 rows"] > 0
+        if name not in ("IQ2_XS", "F16"):
+            assert row["auto"] == f"exact -> {row['auto'].split(' -> ')[1]}" and row["max |w - file|"] == 0, name
