@@ -11,7 +11,8 @@ speed up), and at every position we compare:
 
 With --llama-server PATH, llama.cpp reads the same file and the same tokens in the same run (its
 server's /completion with n_probs: the raw softmax, before sampling), so its own drift from the
-exact mode is the row next to ours.
+exact mode is the row next to ours. A second table has one row per tensor type the file holds: what
+`auto` does with it (exact kernel kind, float path, or re-quantised) and max |w_kernel - w_file|.
 
     radixserve bench accuracy --formats auto,int8,int4 [--llama-server PATH/llama-server]
 """
@@ -193,7 +194,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{args.num_prompts} chat prompts x {args.max_new_tokens} tokens, teacher-forced on the exact mode's "
           "greedy output (batch-1 decode steps)")
     print_table(rows)
-    result = {"model": exact.model_path, "rows": rows}
+    from radixserve.layers.quantization import type_report
+
+    types = type_report.type_rows(exact.model_path)
+    print_table(types, type_report.columns(types),
+                title="\nper tensor type of the file: what auto runs, and its weights' distance from the file's")
+    result = {"model": exact.model_path, "rows": rows, "tensor_types": types}
     if args.json:
         write_json(args.json, result)
     return result

@@ -8,6 +8,7 @@ a 512-token PREFILL and batch-1 DECODE steps at context 128 (the far end of tg12
 comparison does not favour radixserve), once per requested format (--formats exact,auto,none,int8,int4:
 exact = --dtype float32 --quantization none; none = float weights in the default dtype, bf16 on a CPU with
 native bf16 matmul; the others are --quantization values with the default dtype). Both sides run one after the other with nothing else in between.
+A last table has one row per tensor type the file holds: its kernel's time on the type's largest tensor.
 
     radixserve bench peer --llama-bench /tmp/peer/llama.cpp/build/bin/llama-bench --threads 2
 """
@@ -129,7 +130,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "batch-1 decode: fraction of bandwidth": round(ours[fmt]["decode_fraction_of_bandwidth"], 2),
                   "decode step ms": round(ours[fmt]["decode_step_ms"], 2)} for fmt in formats],
                 title="\nradixserve against this machine's roofline (bench roofline, measured in each run)")
-    result = {"model": gguf, "threads": args.threads, "llama_cpp": peer, "radixserve": ours, "table": rows}
+    from radixserve.kernels.cpu import load_cpu_ops
+    from radixserve.layers.quantization import type_report
+
+    types = type_report.type_rows(gguf, load_cpu_ops()[0], rows=(1, args.prompt_len))
+    print_table(types, type_report.columns(types),
+                title="\nper tensor type of the file: its kernel on the type's largest tensor (float path: torch)")
+    result = {"model": gguf, "threads": args.threads, "llama_cpp": peer, "radixserve": ours, "table": rows,
+              "tensor_types": types}
     if args.json:
         write_json(args.json, result)
     return result

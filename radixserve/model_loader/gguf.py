@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from radixserve.layers.quantization.gguf_formats import EXACT_TYPES
 from radixserve.model_loader import gguf_cache
 from radixserve.model_loader.gguf_config import gguf_hf_config, gguf_record
 from radixserve.model_loader.gguf_file import (
@@ -152,8 +153,8 @@ def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
 
     The rows are uint8 [out, bytes per row] copies of the file's own blocks (q/k projections un-permuted
     to HF order like the float weights; a row permutation moves whole rows of blocks, so it is exact),
-    for the low-bit formats `--quantization auto` packs without loss (Q8_0, Q4_0, Q4_1). Other types
-    map to (type name, None): the caller decides what to do with their float weights.
+    for the types `--quantization auto` packs without loss (gguf_formats.EXACT_TYPES). Other types map to
+    (type name, None): the caller decides what to do with their float weights.
     """
     f = open_gguf(path)
     out: dict[str, tuple[str, torch.Tensor | None]] = {}
@@ -161,7 +162,7 @@ def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
         tensor = f.tensors[gguf_name]
         qtype = tensor.tensor_type.name
         shape = f.hf_shape(gguf_name)
-        if qtype not in EXACT_BLOCK_TYPES or len(shape) != 2:
+        if qtype not in EXACT_TYPES or len(shape) != 2:
             out[hf_name] = (qtype, None)
             continue
         # a copy: the memmap is read-only, and the kernels' layout is derived from these rows
@@ -169,5 +170,3 @@ def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
         out[hf_name] = (qtype, rows if heads is None else unpermute_rows(rows, heads))
     return out
 
-
-EXACT_BLOCK_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1"})

@@ -8,6 +8,7 @@ config, weight and tokenizer loaders.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,15 +17,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-# Tensor types we dequantise (all through gguf.quants). The list is deliberately explicit: gguf can
-# also decode e.g. the IQ families, but we neither test them nor promise them.
-SUPPORTED_TENSOR_TYPES: frozenset[QType] = frozenset(
-    {
-        QType.F32, QType.F16, QType.BF16,
-        QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1,
-        QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K,
-    }
-)  # fmt: skip
+# the tensor types we load (each dequantised through gguf.quants for the float weights): the registry's
+from radixserve.layers.quantization.gguf_formats import SUPPORTED_TENSOR_TYPES
 
 _MISSING = object()
 
@@ -105,7 +99,9 @@ def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
     del mtime_ns  # only part of the cache key
     bad_file = f"{path} is truncated or not a GGUF file"
     try:
-        reader = gguf.GGUFReader(path)
+        reader = _CheckedReader(path)
+    except _BadTensor as exc:
+        raise ValueError(f"{path} is corrupt: {exc}") from exc
     except Exception as exc:  # gguf raises ValueError/IndexError/struct errors depending on where it stops
         raise ValueError(f"{bad_file} ({type(exc).__name__}: {exc})") from exc
     tensors: dict[str, Any] = {}
@@ -113,9 +109,42 @@ def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
         # gguf's reader already fails to reshape a short tensor; this also catches a file cut exactly
         # at a tensor boundary, and says which tensor is short.
         if tensor.data_offset + tensor.n_bytes > size or tensor.data.nbytes != tensor.n_bytes:
-            raise ValueError(f"{bad_file}: tensor {tensor.name!r} extends past the end of the file")
+            raise ValueError(f"{bad_file}: tensor {tensor.name!r} ({tensor.tensor_type.name}) extends past the "
+                             "end of the file")
         tensors[tensor.name] = tensor
+    # a tensor's bytes follow from its shape and type; more than its slot holds (up to the next tensor)
+    # means the shape or the type id is wrong, and its values would be another tensor's bytes
+    by_offset = sorted(reader.tensors, key=lambda t: int(t.data_offset))
+    for t, nxt in itertools.pairwise(by_offset):
+        if int(t.data_offset) + int(t.n_bytes) > int(nxt.data_offset):
+            raise ValueError(f"{path} is corrupt: tensor {t.name!r} ({t.tensor_type.name}, shape "
+                             f"{list(reversed(t.shape.tolist()))}) needs {int(t.n_bytes)} bytes but only "
+                             f"{int(nxt.data_offset) - int(t.data_offset)} lie before the next tensor "
+                             f"{nxt.name!r}")
     return GGUFFile(path=path, reader=reader, tensors=tensors)
+
+
+class _BadTensor(ValueError):
+    """A tensor record that names no ggml type, or a shape its type cannot have."""
+
+
+class _CheckedReader(gguf.GGUFReader):
+    """gguf's reader, with each tensor record checked first so a bad one is named (gguf's own errors, e.g.
+    "99 is not a valid GGMLQuantizationType", do not say which tensor)."""
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        for fld in fields:
+            _, name_data, _, dims, raw_dtype, _ = fld.parts
+            name = bytes(name_data).decode("utf-8", errors="replace")
+            try:
+                qtype = QType(int(raw_dtype[0]))
+            except ValueError:
+                raise _BadTensor(f"tensor {name!r} has type id {int(raw_dtype[0])}, which is no ggml type") from None
+            block = gguf.GGML_QUANT_SIZES[qtype][0] if qtype in gguf.GGML_QUANT_SIZES else 1
+            if len(dims) and int(dims[0]) % block:
+                raise _BadTensor(f"tensor {name!r} ({qtype.name}) has rows of {int(dims[0])} values, not whole "
+                                 f"{block}-value blocks (shape {list(reversed(dims.tolist()))})")
+        super()._build_tensors(start_offs, fields)
 
 
 def _field_value(fld: Any) -> Any:

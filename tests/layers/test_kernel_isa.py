@@ -52,6 +52,15 @@ for kind in (0, 1):                          # Q8_0, Q4_1; 13 rows: a padded 8-r
     xb = xx.reshape(6, 2, 32); xs = xb.abs().amax(2, keepdim=True) / 127
     ref = (torch.round(xb / xs) * xs).reshape(6, 64) @ qw.dequantize().T
     torch.testing.assert_close(oo, ref, atol=1e-3, rtol=1e-4)
+# every exact GGUF type (random blocks: every int value, every kernel kind), 13 rows x 2 super-blocks
+from radixserve.layers.quantization.gguf_formats import EXACT_TYPES
+from tests.layers.test_quant_linear import assert_within_float_rounding, gguf_weight
+for i, qtype in enumerate(sorted(EXACT_TYPES)):
+    qw = gguf_weight(qtype, 13, 512, i)
+    for rows in (1, 6):
+        xx = torch.randn(rows, 512); oo = torch.empty(rows, 13)
+        ops.quant_linear(xx, qw.kind, qw.n, qw.data, qw.d, qw.m, None, oo)
+        assert_within_float_rounding(oo, qw, xx)
 # extend_attention (long query blocks): a request over a cached prefix and a fresh one, K/V float32 and bf16
 for kv in (torch.float32, torch.bfloat16):
     pre, new = [7, 0], [5, 9]

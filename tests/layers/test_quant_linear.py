@@ -1,11 +1,9 @@
-"""Low-bit weights (layers/quantization/, kernels/cpu/csrc/quant_linear.cpp): the Q8_0 / Q4_1 kernels
-against a float reference on random shapes, GGUF blocks converted without loss, the interleaved
-layout's round trip, the few-row dispatch, and bad shapes refused with the layer named."""
+"""Low-bit weights (layers/quantization/, kernels/cpu/csrc/quant_linear.cpp): every kernel kind against a
+float reference on random shapes (quantised float weights, and random blocks of every exact GGUF type),
+the interleaved layout's round trip, the few-row dispatch, and bad shapes refused with the layer named."""
 
 from __future__ import annotations
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,18 +11,31 @@ from hypothesis import strategies as st
 
 from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.linear import PackableLinear, quant_rows_mode
-from radixserve.layers.quantization.qweight import QBLOCK, QKIND_Q4_1, QKIND_Q8_0, QuantRows, QuantWeight
+from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS
+from radixserve.layers.quantization.qweight import (
+    KINDS,
+    QBLOCK,
+    QKIND_Q4_1,
+    QKIND_Q8_0,
+    QuantRows,
+    QuantWeight,
+)
+from tests.layers.test_gguf_formats import random_blocks
 
 ops, why = load_cpu_ops()
 needs_kernels = pytest.mark.skipif(ops is None or not hasattr(ops, "quant_linear"), reason=f"no C++ kernels: {why}")
 
 
 def _act_reference(x: torch.Tensor) -> torch.Tensor:
-    """x after the kernels' activation quantisation (int8 per 32-block, scale max|x| / 127)."""
+    """x after the kernels' activation quantisation, step for step (int8 per 32-block, d = max|x| / 127,
+    q = round-half-even(x * (127 / max|x|)): x / d would round a few ties the other way)."""
     m, k = x.shape
     xb = x.reshape(m, k // QBLOCK, QBLOCK)
-    d = xb.abs().amax(2, keepdim=True) / 127
-    return (torch.round(xb / d.clamp(min=1e-30)) * d).reshape(m, k)
+    amax = xb.abs().amax(2, keepdim=True)
+    d = amax / 127
+    # a tensor division: torch's `127 / amax` is reciprocal(amax) * 127, another rounding
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    return (torch.round(xb * inv) * d).reshape(m, k)
 
 
 @needs_kernels
@@ -41,6 +52,44 @@ def test_kernel_matches_the_dequantised_reference(kind, n, blocks, m, bias, seed
     ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, b, out)
     ref = _act_reference(x) @ qw.dequantize().T + (b if b is not None else 0)
     torch.testing.assert_close(out, ref, atol=2e-3, rtol=1e-4)
+
+
+def gguf_weight(qtype: str, n: int, k: int, seed: int) -> QuantWeight:
+    """Random (valid) blocks of `qtype` for an n x k matrix, as the kernels' layout."""
+    bs = FORMATS[qtype].block_size
+    return QuantWeight.from_rows(FORMATS[qtype].rows(random_blocks(qtype, n, k // bs, seed)))
+
+
+def assert_within_float_rounding(out: torch.Tensor, qw: QuantWeight, x: torch.Tensor, bias=None) -> None:
+    """out == (dequantised weights) . (quantised activations), in float64, up to float32 rounding of the
+    kernel's per-scale-group steps: 2^-18 of the sum of |products| (|d q| + |m| per weight) bounds it."""
+    rows = qw.to_rows()
+    n, k = rows.q.shape
+    g = rows.group
+    xa = _act_reference(x).double()
+    ref = xa @ rows.dequantize().double().T + (bias.double() if bias is not None else 0)
+    mag = (rows.q.double().view(n, k // g, g) * rows.d.double()[:, :, None]).abs()
+    if rows.m is not None:
+        mag = mag + rows.m.double().abs()[:, :, None]
+    bound = xa.abs() @ mag.view(n, k).T * 2.0**-18 + (bias.double().abs() if bias is not None else 0) * 2.0**-22
+    err = (out.double() - ref).abs()
+    assert (err <= bound + 1e-30).all(), f"max excess {(err - bound).max().item():.3g}"
+
+
+@needs_kernels
+@settings(max_examples=60, deadline=None)
+@given(qtype=st.sampled_from(sorted(EXACT_TYPES)), n=st.integers(1, 40), supers=st.integers(1, 3),
+       m=st.sampled_from([1, 2, 3, 4, 5, 9]), bias=st.booleans(), seed=st.integers(0, 2**31))
+def test_every_gguf_type_multiplies_as_its_dequantised_weights(qtype, n, supers, m, bias, seed) -> None:
+    """Random blocks, so every int value occurs (Q8_0's -128, Q3_K's folded -128..124, IQ4 grids)."""
+    qw = gguf_weight(qtype, n, 256 * supers, seed)
+    assert qw.kind == FORMATS[qtype].kind
+    g = torch.Generator().manual_seed(seed % 1000)
+    x = torch.randn(m, 256 * supers, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    out = torch.empty(m, n)
+    ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, b, out)
+    assert_within_float_rounding(out, qw, x, b)
 
 
 @settings(max_examples=25, deadline=None)
@@ -64,17 +113,6 @@ def test_quantisation_error_is_within_half_a_step(kind, bound) -> None:
     assert (err <= span * bound * 1.0001 + 1e-7).all()
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
-def test_gguf_blocks_convert_without_loss(qtype) -> None:
-    t = getattr(gguf.GGMLQuantizationType, qtype)
-    w = np.random.default_rng(0).standard_normal((24, 96)).astype(np.float32)
-    raw = gguf.quants.quantize(w, t)  # uint8 [24, bytes per row], the file's own encoding
-    want = torch.from_numpy(gguf.quants.dequantize(raw, t).reshape(24, 96).astype(np.float32))
-    rows = QuantRows.from_gguf_blocks(qtype, raw)
-    assert torch.equal(rows.dequantize(), want)
-    assert torch.equal(QuantWeight.from_rows(rows).dequantize(), want)
-
-
 def test_bad_shapes_are_refused_naming_the_layer() -> None:
     with pytest.raises(ValueError, match=r"layer model.layers.0.mlp.down_proj .*8x48.*not a multiple of .*32"):
         QuantWeight.quantize(torch.randn(8, 48), QKIND_Q4_1, "model.layers.0.mlp.down_proj")
@@ -84,13 +122,16 @@ def test_bad_shapes_are_refused_naming_the_layer() -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", [QKIND_Q8_0, QKIND_Q4_1])
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_rows_result_does_not_depend_on_the_other_rows(kind) -> None:
     """Rows go 4 at a time against each weight block, each with its own accumulators: a row's output is
     bit for bit the same alone, in a tile remainder, or in a batch of 70 (batch invariance of `auto`)."""
     g = torch.Generator().manual_seed(kind)
-    qw = QuantWeight.quantize(torch.randn(100, 192, generator=g), kind)
-    x = torch.randn(70, 192, generator=g)
+    if kind in (QKIND_Q8_0, QKIND_Q4_1):
+        qw = QuantWeight.quantize(torch.randn(100, 256, generator=g), kind)
+    else:
+        qw = gguf_weight(next(t for t in sorted(EXACT_TYPES) if FORMATS[t].kind == kind), 100, 256, kind)
+    x = torch.randn(70, 256, generator=g)
     full = torch.empty(70, 100)
     ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, full)
     for lo, hi in [(0, 1), (5, 6), (3, 6), (61, 70), (64, 65)]:

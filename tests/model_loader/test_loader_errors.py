@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import struct
 from pathlib import Path
 
 import gguf
@@ -27,8 +28,8 @@ def test_unknown_gguf_architecture(tiny_gguf) -> None:
     ("stored", "type_name"),
     [
         (lambda x: (x.astype(np.int8), QT.I8), "I8"),
-        # IQ4_NL: gguf could decode it, but it is outside what we support and test.
-        (lambda x: (np.zeros((x.shape[0], x.shape[1] // 32 * 18), np.uint8), QT.IQ4_NL), "IQ4_NL"),
+        # Q8_1: a ggml type (llama.cpp's activation format) that is not in the registry
+        (lambda x: (np.zeros((x.shape[0], x.shape[1] // 32 * 40), np.uint8), QT.Q8_1), "Q8_1"),
     ],
 )
 def test_unsupported_tensor_type(tiny_gguf, stored, type_name: str) -> None:
@@ -42,6 +43,45 @@ def test_unexpected_tensor_name(tiny_gguf) -> None:
     m = tiny_gguf(extra_tensors={"blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)})
     with pytest.raises(ValueError, match="unexpected GGUF tensor 'blk.0.attn_qkv.weight'"):
         iterate_weights(str(m.path))
+
+
+def _patch_tensor_record(path: Path, out: Path, tensor: str, type_id: int | None = None,
+                         row: int | None = None) -> Path:
+    """A copy of the GGUF at `path` whose record of `tensor` says another type id / row length (the
+    record: name, n_dims u32, dims u64 x n_dims innermost first, type u32, offset u64)."""
+    data = bytearray(path.read_bytes())
+    at = data.index(tensor.encode()) + len(tensor)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    if row is not None:
+        struct.pack_into("<Q", data, at + 4, row)
+    if type_id is not None:
+        struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
+    out.write_bytes(bytes(data))
+    return out
+
+
+def _q8_embedding(name: str, x: np.ndarray):
+    return (gguf.quants.quantize(x, QT.Q8_0), QT.Q8_0) if "embed" in name else (x, QT.F32)
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"type_id": 99}, r"'token_embd.weight' has type id 99, which is no ggml type"),
+        ({"type_id": int(QT.Q4_K)}, r"'token_embd.weight' \(Q4_K\) has rows of 64 values, not whole 256-value"),
+        ({"row": 48}, r"'token_embd.weight' \(Q8_0\) has rows of 48 values, not whole 32-value"),
+        # F32 needs 4 bytes a value where Q8_0 had 34 per 32: the record claims the next tensor's bytes
+        ({"type_id": int(QT.F32)}, r"'token_embd.weight' \(F32, shape \[96, 64\]\) needs 24576 bytes but only"),
+    ],
+)
+def test_a_tensor_record_that_does_not_match_its_bytes_is_named(tiny_gguf, tmp_path: Path, patch, message) -> None:
+    bad = _patch_tensor_record(tiny_gguf(encode=_q8_embedding).path, tmp_path / "bad.gguf", "token_embd.weight",
+                               **patch)
+    from radixserve.model_loader.gguf import gguf_tensor_blocks
+
+    for load in (get_model_config, iterate_weights, gguf_tensor_blocks):  # nothing is read past the check
+        with pytest.raises(ValueError, match=message):
+            load(str(bad))
 
 
 @pytest.mark.parametrize("keep", [0.999, 0.5, 0.02, 10, 3])

@@ -1,11 +1,14 @@
 """Which low-bit format each projection gets, from `--quantization` and the checkpoint.
 
-    auto   a GGUF file's own precision class, kept packed instead of dequantised:
-             Q8_0                      -> Q8_0, the file's values exactly
-             Q4_0, Q4_1                -> Q4_1, exactly (Q4_0's w = d(q - 8) is Q4_1 with m = -8d)
-             Q6_K                      -> Q8_0 re-quantised from the dequantised weights (one log line)
-             Q2_K..Q5_K, Q5_0, Q5_1    -> Q4_1 re-quantised from the dequantised weights (one log line)
-             F32, F16, BF16            -> float (no low-bit copy)
+    auto   a GGUF file's own blocks, kept packed instead of dequantised, as gguf_formats.FORMATS says:
+             exact types (Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS) -> their kernel kind, the file's values
+                                                                     exactly
+             F32, F16, BF16                                       -> float (no low-bit copy)
+             requant types (IQ1/IQ2/IQ3, TQ, MXFP4)              -> re-quantised from the dequantised
+                                                                     weights (one log line per type)
+           a projection stacked from several tensors (q/k/v, gate/up) of different exact types takes the
+           join of their kinds (qweight.join_kinds: exact too); a float tensor among low-bit ones makes
+           the whole projection re-quantise to Q8_0.
            a Hugging Face folder: float, no low-bit copy.
     int8   every projection and the LM head quantised to Q8_0 at load (absmax per 32-block)
     int4   every projection and the LM head quantised to Q4_1 at load (min/max per 32-block)
@@ -13,8 +16,7 @@
 
 The low-bit copy is what every step uses on a CPU whose float GEMMs would be float32 (the float copies are
 then released), and steps of up to ModelRunner.quant_max_rows rows where they are bf16 (AMX wins the
-long, compute-bound ones); layers/linear.py: resolve_low_bit_max_rows. A projection
-stacked from several checkpoint tensors (q/k/v, gate/up) takes the larger format when they differ.
+long, compute-bound ones); layers/linear.py: resolve_low_bit_max_rows.
 """
 
 from __future__ import annotations
@@ -26,35 +28,34 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from radixserve.layers.quantization.qweight import KIND_NAMES, QKIND_Q4_1, QKIND_Q8_0, QuantRows, QuantWeight
+from radixserve.layers.quantization.gguf_formats import FORMATS
+from radixserve.layers.quantization.qweight import (
+    KIND_NAMES,
+    QKIND_Q4_1,
+    QKIND_Q8_0,
+    QuantRows,
+    QuantWeight,
+    join_kinds,
+)
 from radixserve.server_args import QUANTIZATION_MODES
 
 logger = logging.getLogger(__name__)
 
-_EXACT = {"Q8_0": QKIND_Q8_0, "Q4_0": QKIND_Q4_1, "Q4_1": QKIND_Q4_1}
-_FLOAT = frozenset({"F32", "F16", "BF16"})
-_TO_Q8 = frozenset({"Q6_K"})  # more than 4.5 bits per weight: keep 8
-
-
 @dataclass
 class QuantReport:
-    """What a plan did: per format the number of layers, and the layers re-quantised."""
+    """What a plan did: per kernel kind the number of layers, the layers re-quantised, and the layers left
+    on the float path per file type (F16 / BF16 / F32 projections: no low-bit copy)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     requantized: list[str] = field(default_factory=list)
+    requantized_by_type: dict[str, list[str]] = field(default_factory=dict)  # "IQ2_XS" -> layer names
+    float_layers: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
 
     def summary(self) -> str:
         parts = [f"{n} x {k}" for k, n in sorted(self.counts.items())]
+        parts += [f"{n} x {t} on the float path" for t, n in sorted(self.float_layers.items())]
         return ", ".join(parts) or "no low-bit layers"
-
-
-def _target_kind(qtype: str) -> int | None:
-    if qtype in _FLOAT:
-        return None
-    if qtype in _EXACT:
-        return _EXACT[qtype]
-    return QKIND_Q8_0 if qtype in _TO_Q8 else QKIND_Q4_1
 
 
 def quantize_model(
@@ -87,9 +88,9 @@ def quantize_model(
         if qw is not None:
             report.counts[qw.name] = report.counts.get(qw.name, 0) + 1
             report.bytes += qw.nbytes()
-    if report.requantized:
-        logger.info("quantization auto: %d layers have no exact packed kernel and were re-quantised "
-                    "(first: %s)", len(report.requantized), report.requantized[0])
+    for types, names in sorted(report.requantized_by_type.items()):  # one line per type, never silent
+        logger.info("quantization auto: GGUF %s has no exact kernel layout: %d layers re-quantised (first: %s)",
+                    types, len(names), names[0])
     return report
 
 
@@ -104,18 +105,21 @@ def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[tuple[str, object
     entries = [gguf_blocks.get(s) for s, _ in srcs]
     if not entries or any(e is None for e in entries):
         return None  # not from the file (should not happen): keep float
-    kinds = [_target_kind(qt) for qt, _ in entries]  # type: ignore[misc]
-    if all(k is None for k in kinds):
+    fmts = [FORMATS[qt] for qt, _ in entries]  # type: ignore[misc]  # the loader refused any other type
+    types = "+".join(sorted({f.name for f in fmts}))
+    if all(f.handling == "float" for f in fmts):
+        report.float_layers[types] = report.float_layers.get(types, 0) + 1
         return None
-    want = QKIND_Q8_0 if QKIND_Q8_0 in kinds or None in kinds else QKIND_Q4_1
-    exact = all(rows is not None and _EXACT.get(qt) == want for qt, rows in entries)  # type: ignore[misc]
-    if exact:
+    if all(f.handling == "exact" and rows is not None for f, (_, rows) in zip(fmts, entries)):  # type: ignore[misc]
         # the file's blocks, cut for this tensor-parallel rank by the layer's own rule (tp_slice)
-        parts = [mod.shard_quant_rows(QuantRows.from_gguf_blocks(qt, rows), sid, name)  # type: ignore[misc]
-                 for (qt, rows), (_, sid) in zip(entries, srcs)]  # type: ignore[misc]
-        return QuantWeight.from_rows(QuantRows.cat(parts))
-    types = "+".join(sorted({qt for qt, _ in entries}))  # type: ignore[misc]
-    logger.info("quantization auto: %s (%s) has no exact packed kernel: re-quantised to %s",
-                name, types, KIND_NAMES[want])
+        parts = [mod.shard_quant_rows(f.rows(rows, src), sid, name)  # type: ignore[misc]
+                 for f, (_, rows), (src, sid) in zip(fmts, entries, srcs)]  # type: ignore[misc]
+        kind = join_kinds([p.kind for p in parts])
+        return QuantWeight.from_rows(QuantRows.cat([p.promote(kind) for p in parts]))
+    # a float tensor stacked with low-bit ones keeps 8 bits; else the re-quantised types' own target
+    targets = [QKIND_Q8_0 if f.handling == "float" else f.kind if f.handling == "exact" else f.requant_kind
+               for f in fmts]
+    want = QKIND_Q8_0 if any(KIND_NAMES[t] != "Q4_1" for t in targets) else QKIND_Q4_1  # type: ignore[index]
     report.requantized.append(f"{name} ({types} -> {KIND_NAMES[want]})")
+    report.requantized_by_type.setdefault(types, []).append(name)
     return QuantWeight.quantize(dense(mod), want, name)

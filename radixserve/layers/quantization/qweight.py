@@ -1,23 +1,28 @@
 """QuantWeight: one projection's low-bit weights, in the layout the C++ kernels read.
 
-Blocks of 32 along the input dimension (K), as GGUF's legacy formats:
-    Q8_0   w = d * q,        q in -127..127
-    Q4_1   w = d * q + m,    q in 0..15
-Scales are float32 (GGUF stores float16: widening is exact, so weights taken from a GGUF file
-represent the file's values bit for bit).
+Blocks of 32 along the input dimension (K). The kernel kinds (KINDS; csrc/quant_linear.h: QKind):
+    Q8_0    w = d * q,        q int8,   d per 32
+    Q4_1    w = d * q + m,    q 0..15,  d, m per 32
+    Q8_M    w = d * q + m,    q int8,   d, m per 32
+    Q8_16   w = d * q,        q int8,   d per 16 (two scales per 32-block)
+    Q8_M16  w = d * q + m,    q int8,   d, m per 16
+Scales are float32: every GGUF format in gguf_formats.py maps onto one of these kinds with float32
+products that equal `gguf.quants.dequantize` exactly (its scales are float16 products of small ints).
+A kind "covers" another when it represents every weight of it with the same float32 operations
+(join_kinds): stacked projections of different kinds (q/k Q4_K, v Q6_K) take the join, exactly.
 
 Two layouts:
-  QuantRows    row-major values, what formats convert between: q [N, K] (int8 / uint8 values),
-               d, m [N, K/32]. Rows of several checkpoint tensors stack here (q/k/v -> qkv).
+  QuantRows    row-major values, what formats convert between: q [N, K] (int8, or uint8 for Q4_1),
+               d, m [N, K / group]. Rows of several checkpoint tensors stack here (q/k/v -> qkv).
   QuantWeight  what the kernels read (csrc/quant_linear.h): 8 output rows interleaved per group so one
                32-byte load feeds 8 dot products; N padded with zero rows to a multiple of 8.
-                 Q8_0 data int8  [G, nb*256]: (group, block, quarter t<8, row i<8, byte c<4) = element 4t+c
-                 Q4_1 data uint8 [G, nb*128]: (group, block, quarter t<4, row i<8, byte c<4) = element
+                 8-bit data int8  [G, nb*256]: (group, block, quarter t<8, row i<8, byte c<4) = element 4t+c
+                 Q4_1 data uint8  [G, nb*128]: (group, block, quarter t<4, row i<8, byte c<4) = element
                       8t+c in the low nibble, 8t+4+c in the high one
-                 d, m float32    [G, nb*8]:   (group, block, row i)
+                 d, m float32     [G, nb*S*8]: (group, block, sub-block s<S, row i), S = 32 / group
 
-`QuantRows.from_gguf_blocks` converts GGUF's raw block rows (Q8_0, Q4_0, Q4_1) without loss;
-`QuantRows.quantize` makes either format from float weights (int8: absmax / 127 per block; int4:
+`gguf_formats.FORMATS[qtype].rows(raw)` converts GGUF's raw block rows without loss;
+`QuantRows.quantize` makes Q8_0 or Q4_1 from float weights (int8: absmax / 127 per block; int4:
 min/max per block, llama.cpp's Q4_1 rule).
 """
 
@@ -25,25 +30,59 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 QBLOCK = 32
 QROWS = 8  # rows per interleaved group (csrc/quant_linear.h: kQRows)
-QKIND_Q8_0 = 0  # the kernels' kind ids (csrc/quant_linear.h: QKind)
-QKIND_Q4_1 = 1
-KIND_NAMES = {QKIND_Q8_0: "Q8_0", QKIND_Q4_1: "Q4_1"}
 
-# GGUF block byte sizes of the formats converted exactly
-_GGUF_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+@dataclass(frozen=True)
+class KernelKind:
+    """One weight layout the C++ kernels multiply (the id is csrc/quant_linear.h's QKind)."""
+
+    id: int
+    name: str
+    group: int  # elements per scale (and min): 32 or 16
+    has_min: bool
+    nibbles: bool  # 4-bit values packed two per byte (else one int8 per byte)
+
+    @property
+    def activation(self) -> str:
+        """What the activations are quantised to: int8 per 32 with their scale, plus d * sum(q) per
+        scale group for a kind with mins (the min term's activation sums)."""
+        if not self.has_min:
+            return "q8 per 32"
+        return f"q8 per 32 + sums per {self.group}"
+
+
+QKIND_Q8_0, QKIND_Q4_1, QKIND_Q8_M, QKIND_Q8_16, QKIND_Q8_M16 = range(5)
+KINDS: dict[int, KernelKind] = {k.id: k for k in (
+    KernelKind(QKIND_Q8_0, "Q8_0", 32, has_min=False, nibbles=False),
+    KernelKind(QKIND_Q4_1, "Q4_1", 32, has_min=True, nibbles=True),
+    KernelKind(QKIND_Q8_M, "Q8_M", 32, has_min=True, nibbles=False),
+    KernelKind(QKIND_Q8_16, "Q8_16", 16, has_min=False, nibbles=False),
+    KernelKind(QKIND_Q8_M16, "Q8_M16", 16, has_min=True, nibbles=False),
+)}
+KIND_NAMES = {k.id: k.name for k in KINDS.values()}
+
+
+def join_kinds(kinds: list[int]) -> int:
+    """The smallest kind that holds every weight of `kinds` exactly: 8-bit unless all are nibbles, a
+    min if any has one, the finer scale group (int8 holds 0..15; m = 0 and a scale repeated per 16
+    give the same float32 products)."""
+    ks = [KINDS[k] for k in kinds]
+    if all(k.nibbles for k in ks):
+        return QKIND_Q4_1
+    has_min, group = any(k.has_min for k in ks), min(k.group for k in ks)
+    return next(k.id for k in KINDS.values() if not k.nibbles and k.has_min == has_min and k.group == group)
 
 
 @dataclass
 class QuantRows:
     kind: int
-    q: torch.Tensor  # [N, K]: int8 (Q8_0) or uint8 values 0..15 (Q4_1)
-    d: torch.Tensor  # float32 [N, K/32]
-    m: torch.Tensor | None = None  # float32 [N, K/32], Q4_1 only
+    q: torch.Tensor  # [N, K]: int8, or uint8 values 0..15 (Q4_1)
+    d: torch.Tensor  # float32 [N, K / group]
+    m: torch.Tensor | None = None  # float32 [N, K / group], kinds with a min only
 
     @staticmethod
     def quantize(weight: torch.Tensor, kind: int, name: str = "weight") -> QuantRows:
@@ -66,31 +105,22 @@ class QuantRows:
         q = torch.round((w - lo[:, :, None]) / d[:, :, None]).clamp(0, 15).to(torch.uint8)
         return QuantRows(kind, q.reshape(n, k), d, lo)
 
-    @staticmethod
-    def from_gguf_blocks(qtype: str, rows: np.ndarray | torch.Tensor) -> QuantRows:
-        """Exact conversion of GGUF block rows (uint8 [N, K/32 * block_bytes]) of Q8_0, Q4_0 or Q4_1."""
-        raw = torch.as_tensor(np.array(rows)) if isinstance(rows, np.ndarray) else rows.contiguous()
-        bb = _GGUF_BLOCK_BYTES.get(qtype)
-        if bb is None:
-            raise ValueError(f"no exact conversion from GGUF {qtype}")
-        n, row_bytes = raw.shape
-        if row_bytes % bb:
-            raise ValueError(f"GGUF {qtype} rows of {row_bytes} bytes are not whole {bb}-byte blocks")
-        nb = row_bytes // bb
-        blocks = raw.view(torch.uint8).reshape(n, nb, bb)
-        scale = blocks[:, :, 0:2].contiguous().view(torch.float16).reshape(n, nb).float()
-        if qtype == "Q8_0":
-            q = blocks[:, :, 2:].contiguous().view(torch.int8).reshape(n, nb * QBLOCK)
-            return QuantRows(QKIND_Q8_0, q, scale)
-        if qtype == "Q4_1":
-            mins = blocks[:, :, 2:4].contiguous().view(torch.float16).reshape(n, nb).float()
-            qs = blocks[:, :, 4:]
-        else:  # Q4_0: w = d * (q - 8) = d * q + (-8 d), i.e. Q4_1 with m = -8 d (exact in float32)
-            mins = -8.0 * scale
-            qs = blocks[:, :, 2:]
-        # GGUF nibble order: byte j of a block holds element j (low) and j + 16 (high)
-        q = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, nb * QBLOCK)
-        return QuantRows(QKIND_Q4_1, q, scale, mins)
+    @property
+    def group(self) -> int:
+        return KINDS[self.kind].group
+
+    def promote(self, kind: int) -> QuantRows:
+        """The same weights in `kind` (which must cover this one: join_kinds), value for value."""
+        if kind == self.kind:
+            return self
+        if join_kinds([self.kind, kind]) != kind:
+            raise ValueError(f"kind {KIND_NAMES[kind]} cannot hold {KIND_NAMES[self.kind]} weights exactly")
+        rep = self.group // KINDS[kind].group
+        d = self.d.repeat_interleave(rep, dim=1)
+        m = self.m.repeat_interleave(rep, dim=1) if self.m is not None else None
+        if KINDS[kind].has_min and m is None:
+            m = torch.zeros_like(d)
+        return QuantRows(kind, self.q.to(torch.int8), d, m)
 
     def narrow(self, dim: int, start: int, length: int, name: str = "weight") -> QuantRows:
         """A tensor-parallel shard: rows (dim 0, output features) or whole 32-blocks of columns (dim 1,
@@ -101,7 +131,7 @@ class QuantRows:
         if start % QBLOCK or length % QBLOCK:
             raise ValueError(f"quantization: layer {name} splits its in_features at [{start}, {start + length}) "
                              f"across tensor-parallel ranks, not on the kernels' {QBLOCK}-wide blocks")
-        b0, nb = start // QBLOCK, length // QBLOCK
+        b0, nb = start // self.group, length // self.group
         return QuantRows(self.kind, self.q[:, start : start + length], self.d[:, b0 : b0 + nb],
                          None if self.m is None else self.m[:, b0 : b0 + nb])
 
@@ -127,7 +157,7 @@ class QuantRows:
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.q.shape
-        w = self.q.float().view(n, k // QBLOCK, QBLOCK) * self.d[:, :, None]
+        w = self.q.float().view(n, k // self.group, self.group) * self.d[:, :, None]
         if self.m is not None:
             w = w + self.m[:, :, None]
         return w.view(n, k)
@@ -162,13 +192,18 @@ class QuantWeight:
         def padded(t: torch.Tensor) -> torch.Tensor:
             return torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
 
-        def groups(t: torch.Tensor) -> torch.Tensor:  # [Np, nb] -> [G, nb * 8] (group, block, row)
-            return padded(t).view(g, QROWS, nb).permute(0, 2, 1).reshape(g, nb * QROWS).contiguous()
+        def groups(t: torch.Tensor) -> torch.Tensor:  # [Np, S] -> [G, S * 8] (group, block, sub-block, row)
+            s = t.shape[1]
+            return padded(t).view(g, QROWS, s).permute(0, 2, 1).reshape(g, s * QROWS).contiguous()
 
+        kk = KINDS[rows.kind]
+        if kk.has_min != (rows.m is not None):
+            raise ValueError(f"{kk.name} rows {'need' if kk.has_min else 'have no'} mins")
         q = padded(rows.q)
-        if rows.kind == QKIND_Q8_0:
+        m = groups(rows.m) if rows.m is not None else None
+        if not kk.nibbles:
             data = q.view(g, QROWS, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(g, nb * 256).contiguous()
-            return QuantWeight(rows.kind, n, k, data, groups(rows.d))
+            return QuantWeight(rows.kind, n, k, data, groups(rows.d), m)
         assert rows.m is not None
         qv = q.view(g, QROWS, nb, 4, 2, 4)  # element 8t + 4h + c
         byte = qv[:, :, :, :, 0, :] | (qv[:, :, :, :, 1, :] << 4)  # [G, i, nb, t, c]
@@ -185,11 +220,12 @@ class QuantWeight:
         nb, g = k // QBLOCK, self.data.shape[0]
 
         def ungroup(t: torch.Tensor) -> torch.Tensor:
-            return t.view(g, nb, QROWS).permute(0, 2, 1).reshape(g * QROWS, nb)[:n]
+            s = t.shape[1] // QROWS
+            return t.view(g, s, QROWS).permute(0, 2, 1).reshape(g * QROWS, s)[:n]
 
-        if self.kind == QKIND_Q8_0:
+        if not KINDS[self.kind].nibbles:
             q = self.data.view(g, nb, 8, QROWS, 4).permute(0, 3, 1, 2, 4).reshape(g * QROWS, k)[:n]
-            return QuantRows(self.kind, q, ungroup(self.d))
+            return QuantRows(self.kind, q, ungroup(self.d), None if self.m is None else ungroup(self.m))
         assert self.m is not None
         b = self.data.view(g, nb, 4, QROWS, 4)  # [G, nb, t, i, c]
         q = torch.stack([b & 0x0F, b >> 4], dim=4)  # [G, nb, t, i, h, c]

