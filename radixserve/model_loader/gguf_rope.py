@@ -14,6 +14,8 @@ import numpy as np
 from radixserve.model_loader.gguf_file import GGUFFile
 
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
+# Phi-3's LongRoPE: convert_hf_to_gguf writes the per-frequency factors as two tensors
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 # llama.cpp yarn metadata suffix -> HF yarn key.
 _YARN_KEYS = {
@@ -45,10 +47,28 @@ def gguf_rope_scaling(f: GGUFFile, rope_theta: float, head_dim: int) -> dict | N
         return scaling
     if kind not in ("", "none"):
         raise ValueError(f"GGUF file {f.path}: unsupported rope scaling type {kind!r}")
+    if LONGROPE_TENSORS[0] in f.tensors or LONGROPE_TENSORS[1] in f.tensors:
+        return _longrope(f, arch)
     if ROPE_FREQS_TENSOR in f.tensors:
         factors = f.dequantize(ROPE_FREQS_TENSOR).reshape(-1).astype(np.float64)
         return llama3_scaling_from_factors(factors, rope_theta, head_dim)
     return None
+
+
+def _longrope(f: GGUFFile, arch: str) -> dict:
+    """HF's longrope parameters from the factor tensors and llama.cpp's scaling keys."""
+    missing = [t for t in LONGROPE_TENSORS if t not in f.tensors]
+    if missing:
+        raise ValueError(f"GGUF file {f.path}: LongRoPE needs both {LONGROPE_TENSORS}, lacks {missing[0]!r}")
+    key = f"{arch}.rope.scaling.original_context_length"
+    if not f.has(key):
+        raise ValueError(f"GGUF file {f.path}: LongRoPE factors without {key}")
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(f.get(key)),
+               "long_factor": f.dequantize(LONGROPE_TENSORS[0]).reshape(-1).tolist(),
+               "short_factor": f.dequantize(LONGROPE_TENSORS[1]).reshape(-1).tolist()}
+    if f.has(f"{arch}.rope.scaling.attn_factor"):
+        scaling["attention_factor"] = float(f.get(f"{arch}.rope.scaling.attn_factor"))
+    return scaling
 
 
 def llama3_rope_factors(

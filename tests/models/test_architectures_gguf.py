@@ -5,6 +5,8 @@ stored as 1 + w, Phi-3's fused tensors), loaded in the exact mode, and compared 
 
 from __future__ import annotations
 
+import math
+
 import gguf
 import numpy as np
 import pytest
@@ -32,6 +34,7 @@ CASES = {
     "qwen3": ("qwen3", "llama", {}),
     "mistral_window": ("llama", "llama", {}),
     "phi3_partial": ("phi3", "phi3", {}),
+    "phi3_window_longrope": ("phi3", "phi3", {}),
     "gemma2": ("gemma2", "gemma", {"query_pre_attn_scalar": 16}),
     # llama.cpp's Gemma 3: every sixth layer global, q.k scaled by head_dim ** -0.5
     "gemma3": ("gemma3", "gemma", {"num_hidden_layers": 6, "layer_types": None, "query_pre_attn_scalar": 32}),
@@ -59,6 +62,13 @@ def write_gguf(model, arch: str, table: str, path) -> None:
         w.add_uint32(f"{arch}.{key}", int(value))
     w.add_float32(f"{arch}.rope.freq_base", float(rope["rope_theta"]))
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    if rope.get("rope_type") == "longrope":  # as convert_hf_to_gguf writes Phi-3's LongRoPE
+        original = rope["original_max_position_embeddings"]
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", original)
+        scale = cfg.max_position_embeddings / original
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(original)))
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(cfg, key, None):
             w.add_float32(f"{arch}.{key}", float(getattr(cfg, key)))
