@@ -147,3 +147,20 @@ def test_the_benches_type_table_has_one_row_per_type(tmp_path) -> None:
         assert row["ms @ 1 rows"] > 0 and row["ms @ 3 rows"] > 0
         if name not in ("IQ2_XS", "F16"):
             assert row["auto"] == f"exact -> {row['auto'].split(' -> ')[1]}" and row["max |w - file|"] == 0, name
+
+
+def test_pipeline_stages_and_a_draft_model_take_every_type(mixed_file, default_model_path) -> None:
+    """pp 2 (each stage packs its own layers' blocks) and the mixed file as its own draft model give the
+    one-process greedy tokens."""
+    import radixserve
+
+    ids = [[5, 17, 60, 3, 42, 11], [7, 7, 7, 7]]
+    params = {"max_new_tokens": 5, "temperature": 0.0, "ignore_eos": True}
+    outs = {}
+    for name, extra in {"one": {}, "pp2": {"pp_size": 2},
+                        "draft": {"speculative_algorithm": "draft_model", "speculative_draft_model_path": str(mixed_file),
+                                  "speculative_num_draft_tokens": 2}}.items():
+        with radixserve.Engine(model_path=str(mixed_file), tokenizer_path=default_model_path, max_total_tokens=1024,
+                               num_threads=1, show_progress=False, **extra) as eng:
+            outs[name] = [o["output_ids"] for o in eng.generate(input_ids=ids, sampling_params=params)]
+    assert outs["pp2"] == outs["one"] and outs["draft"] == outs["one"]
