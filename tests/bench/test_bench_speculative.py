@@ -19,7 +19,9 @@ def test_copy_workload_smoke(fast_runner, tmp_path):
         ("ngram", 0.0), ("ngram", 0.7), ("draft_model", 0.0), ("draft_model", 0.7)}
     for r in rows:
         assert r["identical_outputs"] is (None if (r["algorithm"], r["temperature"]) == ("draft_model", 0.7) else True)
-        assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["plain_tok_s"], rel=0.05, abs=0.01)
+        # tok/s are printed to 0.1: on a slow or loaded machine that rounding alone moves their ratio
+        p, sp = r["plain_tok_s"], r["spec_tok_s"]
+        assert r["speedup"] == pytest.approx(sp / p, abs=0.05 * (1 / p + sp / p**2) + 0.01)
     greedy_draft = next(r for r in rows if r["algorithm"] == "draft_model" and r["temperature"] == 0)
     assert greedy_draft["mean_accept_length"] > 2.5  # the model as its own draft: kept ~always
 

@@ -14,7 +14,6 @@ entries there may even lie outside the pool.
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 from unittest import mock
 
@@ -361,24 +360,3 @@ def test_torch_native_builds_one_windowed_view_per_window_per_step():
         for got, want in run_step(backend, ForwardMode.DECODE, [(20, 1), (9, 1), (40, 1)], layers, torch.float32, 0):
             torch.testing.assert_close(got.double(), want, atol=ATOL, rtol=RTOL)
     assert sorted(call.args[2] for call in built.call_args_list) == [3, 7]
-
-
-def test_the_native_decode_stack_is_not_bound_to_a_model_with_windows_or_caps():
-    """decode_stack.cpp runs global, uncapped attention: a model with either keeps the per-layer path."""
-    from radixserve.model_executor import cpu_graph_runner
-
-    def runner(**attn_kw):
-        proj = types.SimpleNamespace(qweight=object(), bias=None)
-        attn = types.SimpleNamespace(qkv_proj=proj, o_proj=proj, attn=RadixAttention(4, 16, 0.25, 2, 0, **attn_kw))
-        layer = types.SimpleNamespace(self_attn=attn, mlp=types.SimpleNamespace(gate_up_proj=proj, down_proj=proj))
-        inner = types.SimpleNamespace(layers=[layer], embed_tokens=None, norm=None)
-        backend = CpuPagedAttnBackend.__new__(CpuPagedAttnBackend)
-        return types.SimpleNamespace(server_args=types.SimpleNamespace(disable_cpu_graph=False, ranks_per_replica=1),
-                                     quant_ops=object(), attn_backend=backend, model=types.SimpleNamespace(model=inner))
-
-    unsupported = cpu_graph_runner.CpuGraphRunner._unsupported
-    if ops is None or not hasattr(torch.classes.radixserve_cpu, "DecodeStack"):
-        pytest.skip("no DecodeStack in this build")
-    assert unsupported(runner()) is None
-    assert "sliding window" in unsupported(runner(sliding_window=4))
-    assert "soft-cap" in unsupported(runner(logit_cap=30.0))
