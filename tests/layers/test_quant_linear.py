@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.kernels.cpu import load_cpu_ops
+from radixserve.kernels.cpu import load_cpu_ops, loaded_isa
 from radixserve.layers.linear import PackableLinear, quant_rows_mode
 from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS
 from radixserve.layers.quantization.qweight import (
@@ -165,7 +165,9 @@ def test_5_bit_types_pack_into_q5_and_back(qtype, n, supers, seed) -> None:
 def test_q5_computes_the_same_bits_as_the_8_bit_kind(qtype, m) -> None:
     """Q5 forms the same exact integer sums as Q8_M (the kind these types took before) and then the same
     float steps in the same order, so the two outputs are equal bit for bit, besides being within float
-    rounding of the dequantised product. Q4_1 rows held by Q5 (a q/k/v join) equal Q4_1's kernel too."""
+    rounding of the dequantised product. Q4_1 rows held by Q5 (a q/k/v join) equal Q4_1's kernel too.
+    (On the vector variants: the generic loops are reassociated by -ffast-math, so there only the rounding
+    bound holds.)"""
     n, k = 37, 512
     rows = FORMATS[qtype].rows(random_blocks(qtype, n, k // FORMATS[qtype].block_size, m))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
@@ -175,13 +177,15 @@ def test_q5_computes_the_same_bits_as_the_8_bit_kind(qtype, m) -> None:
         out[kind] = torch.empty(m, n)
         ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out[kind])
     assert_within_float_rounding(out[QKIND_Q5], QuantWeight.from_rows(rows), x)
-    assert torch.equal(out[QKIND_Q5], out[QKIND_Q8_M])
+    same_bits = loaded_isa() != "generic"
+    assert torch.equal(out[QKIND_Q5], out[QKIND_Q8_M]) or not same_bits
     q4 = QuantRows.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(m)), QKIND_Q4_1)
     for kind in (QKIND_Q4_1, QKIND_Q5):
         qw = QuantWeight.from_rows(q4.promote(kind))
         out[kind] = torch.empty(m, n)
         ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out[kind])
-    assert torch.equal(out[QKIND_Q5], out[QKIND_Q4_1])
+    assert_within_float_rounding(out[QKIND_Q5], QuantWeight.from_rows(q4), x)
+    assert torch.equal(out[QKIND_Q5], out[QKIND_Q4_1]) or not same_bits
 
 
 @needs_kernels
