@@ -83,7 +83,7 @@ def test_quantised_weights_convert_bit_for_bit(qtype) -> None:
 
 
 def test_every_join_holds_its_parts_exactly() -> None:
-    types = ["Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q2_K", "Q4_0"]
+    types = ["Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q2_K", "Q4_0", "Q5_0"]
     parts = {qt: FORMATS[qt].rows(random_blocks(qt, 3, 256 // FORMATS[qt].block_size, i)) for i, qt in enumerate(types)}
     for a in parts.values():
         for b in parts.values():
@@ -93,6 +93,14 @@ def test_every_join_holds_its_parts_exactly() -> None:
             assert torch.equal(QuantWeight.from_rows(both).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
     with pytest.raises(ValueError, match="cannot hold"):
         parts["Q6_K"].promote(parts["Q4_K"].kind)
+    # the packed kinds join among themselves (Q4_K + Q5_K: 5 bits), 8 bits only beside an 8-bit kind
+    kind = {n: k.name for n, k in ((qt, KINDS[FORMATS[qt].kind]) for qt in types)}
+    assert kind["Q4_K"] == "Q4_1" and kind["Q5_K"] == kind["Q5_0"] == "Q5"
+    assert KINDS[join_kinds([FORMATS["Q4_K"].kind, FORMATS["Q5_K"].kind])].name == "Q5"
+    assert KINDS[join_kinds([FORMATS["Q5_0"].kind, FORMATS["Q8_0"].kind])].name == "Q8_M"
+    assert KINDS[join_kinds([FORMATS["Q5_K"].kind, FORMATS["Q6_K"].kind])].name == "Q8_M16"
+    with pytest.raises(ValueError, match="cannot hold"):
+        parts["Q5_K"].promote(parts["Q4_K"].kind)
 
 
 def test_rows_that_are_not_whole_blocks_are_refused_naming_the_tensor() -> None:

@@ -61,6 +61,17 @@ for i, qtype in enumerate(sorted(EXACT_TYPES)):
         xx = torch.randn(rows, 512); oo = torch.empty(rows, 13)
         ops.quant_linear(xx, qw.kind, qw.n, qw.data, qw.d, qw.m, None, oo)
         assert_within_float_rounding(oo, qw, xx)
+# Q5 (Q5_0 / Q5_1 / Q5_K's packed kind) forms the bits of Q8_M, the 8-bit kind that held them before
+# (the vector variants; generic's loops are reassociated by -ffast-math, within float rounding only)
+from radixserve.layers.quantization.gguf_formats import FORMATS
+from tests.layers.test_gguf_formats import random_blocks
+rows5 = FORMATS["Q5_K"].rows(random_blocks("Q5_K", 13, 2, 0))
+for rows in (1, 6):
+    xx = torch.randn(rows, 512); got = []
+    for kind in (5, 2):  # Q5, Q8_M
+        qw = QuantWeight.from_rows(rows5.promote(kind)); oo = torch.empty(rows, 13)
+        ops.quant_linear(xx, kind, qw.n, qw.data, qw.d, qw.m, None, oo); got.append(oo)
+    assert torch.equal(got[0], got[1]) or loaded_isa() == "generic"
 # extend_attention (long query blocks): a request over a cached prefix and a fresh one, K/V float32 and bf16
 for kv in (torch.float32, torch.bfloat16):
     pre, new = [7, 0], [5, 9]

@@ -9,14 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.kernels.cpu import load_cpu_ops
+from radixserve.kernels.cpu import load_cpu_ops, loaded_isa
 from radixserve.layers.linear import PackableLinear, quant_rows_mode
 from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS
 from radixserve.layers.quantization.qweight import (
     KINDS,
     QBLOCK,
     QKIND_Q4_1,
+    QKIND_Q5,
     QKIND_Q8_0,
+    QKIND_Q8_M,
     QuantRows,
     QuantWeight,
 )
@@ -129,6 +131,8 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kind) -> None:
     g = torch.Generator().manual_seed(kind)
     if kind in (QKIND_Q8_0, QKIND_Q4_1):
         qw = QuantWeight.quantize(torch.randn(100, 256, generator=g), kind)
+    elif kind == QKIND_Q8_M:  # no GGUF type maps to it now (Q5_1 went to Q5): Q5_1's rows promoted
+        qw = QuantWeight.from_rows(FORMATS["Q5_1"].rows(random_blocks("Q5_1", 100, 8, kind)).promote(kind))
     else:
         qw = gguf_weight(next(t for t in sorted(EXACT_TYPES) if FORMATS[t].kind == kind), 100, 256, kind)
     x = torch.randn(70, 256, generator=g)
@@ -138,6 +142,50 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kind) -> None:
         part = torch.empty(hi - lo, 100)
         ops.quant_linear(x[lo:hi].contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, None, part)
         assert torch.equal(part, full[lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q5_K"])
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 30), supers=st.integers(1, 2), seed=st.integers(0, 2**31))
+def test_5_bit_types_pack_into_q5_and_back(qtype, n, supers, seed) -> None:
+    """The packed layout (low nibbles + a plane of fifth bits) holds every value 0..31 and round-trips."""
+    raw = random_blocks(qtype, n, 256 * supers // FORMATS[qtype].block_size, seed)
+    rows = FORMATS[qtype].rows(raw)
+    assert rows.kind == QKIND_Q5 and rows.q.dtype == torch.uint8 and int(rows.q.max()) <= 31
+    qw = QuantWeight.from_rows(rows)
+    assert qw.data.shape == (-(-n // 8), 256 * supers // QBLOCK * 160)
+    back = qw.to_rows()
+    assert torch.equal(back.q, rows.q) and torch.equal(back.d, rows.d) and torch.equal(back.m, rows.m)
+    assert torch.equal(qw.dequantize(), torch.from_numpy(FORMATS[qtype].dequantize(raw).reshape(n, -1)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q5_K"])
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
+def test_q5_computes_the_same_bits_as_the_8_bit_kind(qtype, m) -> None:
+    """Q5 forms the same exact integer sums as Q8_M (the kind these types took before) and then the same
+    float steps in the same order, so the two outputs are equal bit for bit, besides being within float
+    rounding of the dequantised product. Q4_1 rows held by Q5 (a q/k/v join) equal Q4_1's kernel too.
+    (On the vector variants: the generic loops are reassociated by -ffast-math, so there only the rounding
+    bound holds.)"""
+    n, k = 37, 512
+    rows = FORMATS[qtype].rows(random_blocks(qtype, n, k // FORMATS[qtype].block_size, m))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
+    out = {}
+    for kind in (QKIND_Q5, QKIND_Q8_M):
+        qw = QuantWeight.from_rows(rows.promote(kind))
+        out[kind] = torch.empty(m, n)
+        ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out[kind])
+    assert_within_float_rounding(out[QKIND_Q5], QuantWeight.from_rows(rows), x)
+    same_bits = loaded_isa() != "generic"
+    assert torch.equal(out[QKIND_Q5], out[QKIND_Q8_M]) or not same_bits
+    q4 = QuantRows.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(m)), QKIND_Q4_1)
+    for kind in (QKIND_Q4_1, QKIND_Q5):
+        qw = QuantWeight.from_rows(q4.promote(kind))
+        out[kind] = torch.empty(m, n)
+        ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out[kind])
+    assert_within_float_rounding(out[QKIND_Q5], QuantWeight.from_rows(q4), x)
+    assert torch.equal(out[QKIND_Q5], out[QKIND_Q4_1]) or not same_bits
 
 
 @needs_kernels

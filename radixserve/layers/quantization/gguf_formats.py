@@ -14,7 +14,7 @@ and values are small ints, so every product gguf forms (d * sc, (d * sc) * q, dm
 significant bits and is exact in float32, whatever the order; the one rounding step, "d * q - dm", is
 the same float32 operation in the kernel's "d' * q + m'" with m' = -dm. So:
     Q8_0     Q8_0    d, q
-    Q5_0     Q8_0    d, q - 16
+    Q5_0     Q5      d, q (0..31), m = -16 d
     IQ4_NL   Q8_0    d, kvalues[q] (the table is int8)
     IQ4_XS   Q8_0    d * (ls - 32) per 32, kvalues[q]
     Q3_K     Q8_0    -d per 32, -(sc - 32) * q: 16-element sub-scales folded into the ints (-128..124;
@@ -22,8 +22,8 @@ the same float32 operation in the kernel's "d' * q + m'" with m' = -dm. So:
     Q4_0     Q4_1    d, q, m = -8 d
     Q4_1     Q4_1    d, q, m
     Q4_K     Q4_1    d * sc, q, -(dmin * mn) per 32
-    Q5_1     Q8_M    d, q (0..31), m
-    Q5_K     Q8_M    d * sc, q (0..31), -(dmin * mn) per 32
+    Q5_1     Q5      d, q (0..31), m
+    Q5_K     Q5      d * sc, q (0..31), -(dmin * mn) per 32
     Q6_K     Q8_16   d * sc per 16, q - 32
     Q2_K     Q8_M16  d * sc per 16, q (0..3), -(dmin * mn) per 16
 """
@@ -41,9 +41,9 @@ from gguf import GGMLQuantizationType as QType
 from radixserve.layers.quantization.qweight import (
     KINDS,
     QKIND_Q4_1,
+    QKIND_Q5,
     QKIND_Q8_0,
     QKIND_Q8_16,
-    QKIND_Q8_M,
     QKIND_Q8_M16,
     QuantRows,
 )
@@ -101,12 +101,13 @@ def _q4_1(b: np.ndarray):
 
 def _q5_0(b: np.ndarray):
     q = _nibbles_split16(b[:, 6:22]) | (_bits(b[:, 2:6], 32) << 4)
-    return q.astype(np.int8) - np.int8(16), _f16(b, 0), None
+    d = _f16(b, 0)
+    return q, d, -16.0 * d  # d (q - 16) = d q + (-16 d), both exact (as Q4_0's -8 d)
 
 
 def _q5_1(b: np.ndarray):
     q = _nibbles_split16(b[:, 8:24]) | (_bits(b[:, 4:8], 32) << 4)
-    return q.astype(np.int8), _f16(b, 0), _f16(b, 2)
+    return q, _f16(b, 0), _f16(b, 2)
 
 
 def _iq4_nl(b: np.ndarray):
@@ -134,7 +135,7 @@ def _q5_k(b: np.ndarray):
     # bit s of qh byte j is the fifth bit of element 32 s + j
     hb = (b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
     q = _k_nibbles(b[:, 48:176]) | (hb.reshape(n, 256) << 4)
-    return q.astype(np.int8), _f16(b, 0) * sc, -(_f16(b, 2) * mn)
+    return q, _f16(b, 0) * sc, -(_f16(b, 2) * mn)
 
 
 def _q6_k(b: np.ndarray):
@@ -222,7 +223,7 @@ class GGUFFormat:
         def t(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a).reshape(n, -1))
 
-        qt = t(q.astype(np.uint8 if KINDS[self.kind].nibbles else np.int8))
+        qt = t(q.astype(np.uint8 if KINDS[self.kind].packed else np.int8))
         assert qt.shape[1] == k and t(d).shape[1] == k // KINDS[self.kind].group
         return QuantRows(self.kind, qt, t(d.astype(np.float32)), None if m is None else t(m.astype(np.float32)))
 
@@ -242,12 +243,12 @@ FORMATS: dict[str, GGUFFormat] = {f.name: f for f in [
     _exact(QType.Q8_0, QKIND_Q8_0, _q8_0),
     _exact(QType.Q4_0, QKIND_Q4_1, _q4_0),
     _exact(QType.Q4_1, QKIND_Q4_1, _q4_1),
-    _exact(QType.Q5_0, QKIND_Q8_0, _q5_0),
-    _exact(QType.Q5_1, QKIND_Q8_M, _q5_1),
+    _exact(QType.Q5_0, QKIND_Q5, _q5_0),
+    _exact(QType.Q5_1, QKIND_Q5, _q5_1),
     _exact(QType.Q2_K, QKIND_Q8_M16, _q2_k),
     _exact(QType.Q3_K, QKIND_Q8_0, _q3_k),
     _exact(QType.Q4_K, QKIND_Q4_1, _q4_k),
-    _exact(QType.Q5_K, QKIND_Q8_M, _q5_k),
+    _exact(QType.Q5_K, QKIND_Q5, _q5_k),
     _exact(QType.Q6_K, QKIND_Q8_16, _q6_k),
     _exact(QType.IQ4_NL, QKIND_Q8_0, _iq4_nl),
     _exact(QType.IQ4_XS, QKIND_Q8_0, _iq4_xs),

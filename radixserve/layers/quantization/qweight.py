@@ -3,6 +3,7 @@
 Blocks of 32 along the input dimension (K). The kernel kinds (KINDS; csrc/quant_linear.h: QKind):
     Q8_0    w = d * q,        q int8,   d per 32
     Q4_1    w = d * q + m,    q 0..15,  d, m per 32
+    Q5      w = d * q + m,    q 0..31,  d, m per 32 (Q4_1's nibbles plus a plane of fifth bits)
     Q8_M    w = d * q + m,    q int8,   d, m per 32
     Q8_16   w = d * q,        q int8,   d per 16 (two scales per 32-block)
     Q8_M16  w = d * q + m,    q int8,   d, m per 16
@@ -12,13 +13,16 @@ A kind "covers" another when it represents every weight of it with the same floa
 (join_kinds): stacked projections of different kinds (q/k Q4_K, v Q6_K) take the join, exactly.
 
 Two layouts:
-  QuantRows    row-major values, what formats convert between: q [N, K] (int8, or uint8 for Q4_1),
+  QuantRows    row-major values, what formats convert between: q [N, K] (int8, or uint8 for Q4_1 / Q5),
                d, m [N, K / group]. Rows of several checkpoint tensors stack here (q/k/v -> qkv).
   QuantWeight  what the kernels read (csrc/quant_linear.h): 8 output rows interleaved per group so one
                32-byte load feeds 8 dot products; N padded with zero rows to a multiple of 8.
                  8-bit data int8  [G, nb*256]: (group, block, quarter t<8, row i<8, byte c<4) = element 4t+c
                  Q4_1 data uint8  [G, nb*128]: (group, block, quarter t<4, row i<8, byte c<4) = element
                       8t+c in the low nibble, 8t+4+c in the high one
+                 Q5   data uint8  [G, nb*160]: per block Q4_1's 128 bytes of low nibbles, then 32 bytes of
+                      fifth bits (row i<8, byte c<4): bit 2t = element 8t+c, bit 2t+1 = element 8t+4+c,
+                      so the fifth bits of a nibble byte sit in the byte at the same lane position
                  d, m float32     [G, nb*S*8]: (group, block, sub-block s<S, row i), S = 32 / group
 
 `gguf_formats.FORMATS[qtype].rows(raw)` converts GGUF's raw block rows without loss;
@@ -44,7 +48,16 @@ class KernelKind:
     name: str
     group: int  # elements per scale (and min): 32 or 16
     has_min: bool
-    nibbles: bool  # 4-bit values packed two per byte (else one int8 per byte)
+    bits: int  # 4, 5 (packed: unsigned values, low nibbles two per byte) or 8 (one int8 per byte)
+
+    @property
+    def packed(self) -> bool:
+        return self.bits < 8
+
+    @property
+    def block_bytes(self) -> int:
+        """Data bytes of one 32-block of an 8-row group."""
+        return 8 * 32 * self.bits // 8
 
     @property
     def activation(self) -> str:
@@ -55,32 +68,33 @@ class KernelKind:
         return f"q8 per 32 + sums per {self.group}"
 
 
-QKIND_Q8_0, QKIND_Q4_1, QKIND_Q8_M, QKIND_Q8_16, QKIND_Q8_M16 = range(5)
+QKIND_Q8_0, QKIND_Q4_1, QKIND_Q8_M, QKIND_Q8_16, QKIND_Q8_M16, QKIND_Q5 = range(6)
 KINDS: dict[int, KernelKind] = {k.id: k for k in (
-    KernelKind(QKIND_Q8_0, "Q8_0", 32, has_min=False, nibbles=False),
-    KernelKind(QKIND_Q4_1, "Q4_1", 32, has_min=True, nibbles=True),
-    KernelKind(QKIND_Q8_M, "Q8_M", 32, has_min=True, nibbles=False),
-    KernelKind(QKIND_Q8_16, "Q8_16", 16, has_min=False, nibbles=False),
-    KernelKind(QKIND_Q8_M16, "Q8_M16", 16, has_min=True, nibbles=False),
+    KernelKind(QKIND_Q8_0, "Q8_0", 32, has_min=False, bits=8),
+    KernelKind(QKIND_Q4_1, "Q4_1", 32, has_min=True, bits=4),
+    KernelKind(QKIND_Q8_M, "Q8_M", 32, has_min=True, bits=8),
+    KernelKind(QKIND_Q8_16, "Q8_16", 16, has_min=False, bits=8),
+    KernelKind(QKIND_Q8_M16, "Q8_M16", 16, has_min=True, bits=8),
+    KernelKind(QKIND_Q5, "Q5", 32, has_min=True, bits=5),
 )}
 KIND_NAMES = {k.id: k.name for k in KINDS.values()}
 
 
 def join_kinds(kinds: list[int]) -> int:
-    """The smallest kind that holds every weight of `kinds` exactly: 8-bit unless all are nibbles, a
-    min if any has one, the finer scale group (int8 holds 0..15; m = 0 and a scale repeated per 16
-    give the same float32 products)."""
+    """The smallest kind that holds every weight of `kinds` exactly: Q4_1 if all are, Q5 if all are
+    packed (0..15 is a 5-bit value, same d and m), else 8-bit with a min if any has one and the finer
+    scale group (int8 holds 0..31; m = 0 and a scale repeated per 16 give the same float32 products)."""
     ks = [KINDS[k] for k in kinds]
-    if all(k.nibbles for k in ks):
-        return QKIND_Q4_1
+    if all(k.packed for k in ks):
+        return QKIND_Q4_1 if all(k.id == QKIND_Q4_1 for k in ks) else QKIND_Q5
     has_min, group = any(k.has_min for k in ks), min(k.group for k in ks)
-    return next(k.id for k in KINDS.values() if not k.nibbles and k.has_min == has_min and k.group == group)
+    return next(k.id for k in KINDS.values() if not k.packed and k.has_min == has_min and k.group == group)
 
 
 @dataclass
 class QuantRows:
     kind: int
-    q: torch.Tensor  # [N, K]: int8, or uint8 values 0..15 (Q4_1)
+    q: torch.Tensor  # [N, K]: int8, or uint8 values 0..15 (Q4_1) / 0..31 (Q5)
     d: torch.Tensor  # float32 [N, K / group]
     m: torch.Tensor | None = None  # float32 [N, K / group], kinds with a min only
 
@@ -120,7 +134,7 @@ class QuantRows:
         m = self.m.repeat_interleave(rep, dim=1) if self.m is not None else None
         if KINDS[kind].has_min and m is None:
             m = torch.zeros_like(d)
-        return QuantRows(kind, self.q.to(torch.int8), d, m)
+        return QuantRows(kind, self.q.to(torch.uint8 if KINDS[kind].packed else torch.int8), d, m)
 
     def narrow(self, dim: int, start: int, length: int, name: str = "weight") -> QuantRows:
         """A tensor-parallel shard: rows (dim 0, output features) or whole 32-blocks of columns (dim 1,
@@ -201,13 +215,19 @@ class QuantWeight:
             raise ValueError(f"{kk.name} rows {'need' if kk.has_min else 'have no'} mins")
         q = padded(rows.q)
         m = groups(rows.m) if rows.m is not None else None
-        if not kk.nibbles:
+        if not kk.packed:
             data = q.view(g, QROWS, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(g, nb * 256).contiguous()
             return QuantWeight(rows.kind, n, k, data, groups(rows.d), m)
         assert rows.m is not None
         qv = q.view(g, QROWS, nb, 4, 2, 4)  # element 8t + 4h + c
-        byte = qv[:, :, :, :, 0, :] | (qv[:, :, :, :, 1, :] << 4)  # [G, i, nb, t, c]
-        data = byte.permute(0, 2, 3, 1, 4).reshape(g, nb * 128).contiguous()
+        low = qv & 0x0F
+        byte = low[:, :, :, :, 0, :] | (low[:, :, :, :, 1, :] << 4)  # [G, i, nb, t, c]
+        data = byte.permute(0, 2, 3, 1, 4).reshape(g, nb, 128)
+        if kk.bits == 5:
+            shift = torch.arange(8, dtype=torch.uint8).view(4, 2, 1)  # bit 2t + h
+            high = ((qv >> 4) << shift).sum(dim=(3, 4), dtype=torch.uint8)  # [G, i, nb, c]
+            data = torch.cat([data, high.permute(0, 2, 1, 3).reshape(g, nb, 32)], dim=2)
+        data = data.reshape(g, nb * kk.block_bytes).contiguous()
         return QuantWeight(rows.kind, n, k, data, groups(rows.d), groups(rows.m))
 
     @staticmethod
@@ -223,12 +243,18 @@ class QuantWeight:
             s = t.shape[1] // QROWS
             return t.view(g, s, QROWS).permute(0, 2, 1).reshape(g * QROWS, s)[:n]
 
-        if not KINDS[self.kind].nibbles:
+        kk = KINDS[self.kind]
+        if not kk.packed:
             q = self.data.view(g, nb, 8, QROWS, 4).permute(0, 3, 1, 2, 4).reshape(g * QROWS, k)[:n]
             return QuantRows(self.kind, q, ungroup(self.d), None if self.m is None else ungroup(self.m))
         assert self.m is not None
-        b = self.data.view(g, nb, 4, QROWS, 4)  # [G, nb, t, i, c]
+        blocks = self.data.view(g, nb, kk.block_bytes)
+        b = blocks[:, :, :128].reshape(g, nb, 4, QROWS, 4)  # [G, nb, t, i, c]
         q = torch.stack([b & 0x0F, b >> 4], dim=4)  # [G, nb, t, i, h, c]
+        if kk.bits == 5:
+            hb = blocks[:, :, 128:].reshape(g, nb, 1, 1, QROWS, 4)  # [G, nb, -, -, i, c]
+            shift = torch.arange(8, dtype=torch.uint8).view(4, 2, 1, 1)  # bit 2t + h
+            q = q | (((hb >> shift) & 1) << 4).permute(0, 1, 2, 4, 3, 5)
         q = q.permute(0, 3, 1, 2, 4, 5).reshape(g * QROWS, k)[:n]
         return QuantRows(self.kind, q, ungroup(self.d), ungroup(self.m))
 

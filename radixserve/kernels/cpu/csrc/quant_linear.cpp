@@ -1,4 +1,4 @@
-// Weight-only low-bit linear layers for the few rows of a decode step: weights of the five kinds in 8-row
+// Weight-only low-bit linear layers for the few rows of a decode step: weights of the six kinds in 8-row
 // interleaved groups (layout in quant_linear.h) against block-quantised int8 activations. Op schema:
 // ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
 //
@@ -101,9 +101,13 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   for (int r = 0; r < R; ++r) out8[r] = acc[r];
 }
 
-// Q4_1: nibbles unpacked once per load, against the R rows.
-template <int R>
+// Q4_1 and Q5: nibbles unpacked once per load (Q5: each byte's fifth bit ORed in as bit 4), against
+// the R rows. Both are unsigned values with a min, so the integer work is Q4_1's on 0..31 instead of
+// 0..15 plus two shifts and masks per quarter: the 5-bit weights stream 160 + 64 bytes per 8 rows x 32
+// instead of the 8-bit kinds' 256 + 64, for the same exact sums.
+template <int R, bool kQ5>
 inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
+  constexpr int64_t kBytes = kQ5 ? 160 : 128;  // per 8-row block
   const int64_t nb = w.K / kQBlock, K = w.K;
   const float* dg = w.d + g * nb * kQRows;
 #ifndef RS_VNNI
@@ -120,16 +124,28 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
     xs[r] = a.s.data() + (r0 + r) * nb;
   }
   {
-    const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * 128;
+    const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * kBytes;
     const float* mg = w.m + g * nb * kQRows;
-    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m256i mask = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* wb = wg + b * 128;
+      const uint8_t* wb = wg + b * kBytes;
+      const __m256i hb = kQ5 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128)) : _mm256_setzero_si256();
       __m256i p[R];
+#ifndef RS_VNNI
+      __m256i p32[R];  // Q5: int32 sums, widened every two quarters
+      for (int r = 0; r < R; ++r) p32[r] = _mm256_setzero_si256();
+#endif
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
       for (int t = 0; t < 4; ++t) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-        const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        if (kQ5) {
+          // bits 2t (low nibble's element) and 2t + 1 (high's) of each fifth-bit byte to bit 4; the
+          // 16-bit shifts carry bits across the two bytes of a lane only where the mask clears them
+          const __m256i h = _mm256_srli_epi16(hb, 2 * t);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+        }
         for (int r = 0; r < R; ++r) {
           const int8_t* xb = xq[r] + b * kQBlock + 8 * t;
           // nibbles are unsigned: a pair sum is at most 2 * 15 * 127 = 3810, so the 8 of a block
@@ -143,13 +159,23 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
                                                          _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xb + 4)))));
 #endif
         }
+#ifndef RS_VNNI
+        // Q5's values reach 31: a pair sum is at most 2 * 31 * 127 = 7874, so two quarters (31496) fit
+        // int16 and four would not
+        if (kQ5 && (t & 1)) {
+          for (int r = 0; r < R; ++r) {
+            p32[r] = _mm256_add_epi32(p32[r], _mm256_madd_epi16(p[r], ones));
+            p[r] = _mm256_setzero_si256();
+          }
+        }
+#endif
       }
       const __m256 d8 = _mm256_loadu_ps(dg + b * kQRows), m8 = _mm256_loadu_ps(mg + b * kQRows);
       for (int r = 0; r < R; ++r) {
 #ifdef RS_VNNI
         const __m256 sum = _mm256_cvtepi32_ps(p[r]);
 #else
-        const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p[r], ones));
+        const __m256 sum = _mm256_cvtepi32_ps(kQ5 ? p32[r] : _mm256_madd_epi16(p[r], ones));
 #endif
         acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
         acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[r][b]), acc[r]);  // the Q4_1 min term
@@ -163,10 +189,11 @@ template <int R>
 inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   switch (w.kind) {
     case QKind::Q8_0: tile_dot_q8<R, 1, false>(w, g, a, r0, out8); break;
-    case QKind::Q4_1: tile_dot_q4<R>(w, g, a, r0, out8); break;
+    case QKind::Q4_1: tile_dot_q4<R, false>(w, g, a, r0, out8); break;
     case QKind::Q8_M: tile_dot_q8<R, 1, true>(w, g, a, r0, out8); break;
     case QKind::Q8_16: tile_dot_q8<R, 2, false>(w, g, a, r0, out8); break;
     case QKind::Q8_M16: tile_dot_q8<R, 2, true>(w, g, a, r0, out8); break;
+    case QKind::Q5: tile_dot_q4<R, true>(w, g, a, r0, out8); break;
   }
 }
 
@@ -203,7 +230,7 @@ void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, fl
   float acc[kQRows] = {0.f};
   for (int64_t b = 0; b < nb; ++b) {
     const float xd = a.d[r * nb + b];
-    if (!info.nibbles) {
+    if (info.bits == 8) {
       const int8_t* wb = static_cast<const int8_t*>(w.data) + (g * nb + b) * 256;
       for (int64_t sg = 0; sg < S; ++sg) {
         int32_t s[kQRows] = {0};
@@ -214,13 +241,14 @@ void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, fl
       }
     } else {
       int32_t s[kQRows] = {0};
-      const uint8_t* wb = static_cast<const uint8_t*>(w.data) + (g * nb + b) * 128;
+      const uint8_t* wb = static_cast<const uint8_t*>(w.data) + (g * nb + b) * info.block_bytes();
       for (int t = 0; t < 4; ++t)
         for (int i = 0; i < kQRows; ++i)
           for (int c = 0; c < 4; ++c) {
             const uint8_t byte = wb[t * 32 + i * 4 + c];
-            s[i] += int32_t(byte & 0x0F) * int32_t(xq[b * kQBlock + 8 * t + c]) +
-                    int32_t(byte >> 4) * int32_t(xq[b * kQBlock + 8 * t + 4 + c]);
+            const int32_t h = info.bits == 5 ? wb[128 + i * 4 + c] >> (2 * t) : 0;  // Q5's fifth bits
+            s[i] += (int32_t(byte & 0x0F) | ((h & 1) << 4)) * int32_t(xq[b * kQBlock + 8 * t + c]) +
+                    (int32_t(byte >> 4) | ((h & 2) << 3)) * int32_t(xq[b * kQBlock + 8 * t + 4 + c]);
           }
       for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (dg[b * kQRows + i] * xd);
     }
@@ -261,8 +289,8 @@ void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* ou
 
 const QKindInfo* qkind_info(int64_t kind) {
   static const QKindInfo kInfo[kNumQKinds] = {
-      {"Q8_0", 1, false, false}, {"Q4_1", 1, true, true}, {"Q8_M", 1, true, false},
-      {"Q8_16", 2, false, false}, {"Q8_M16", 2, true, false},
+      {"Q8_0", 1, false, 8}, {"Q4_1", 1, true, 4}, {"Q8_M", 1, true, 8},
+      {"Q8_16", 2, false, 8}, {"Q8_M16", 2, true, 8}, {"Q5", 1, true, 5},
   };
   return kind >= 0 && kind < kNumQKinds ? &kInfo[kind] : nullptr;
 }
@@ -272,15 +300,16 @@ QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& dat
   QMat w;
   const QKindInfo* info = qkind_info(kind);
   TORCH_CHECK(info != nullptr, what, ": unknown weight kind ", kind,
-              " (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16)");
+              " (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5)");
   TORCH_CHECK(N > 0 && K > 0 && K % kQBlock == 0, what, ": K (", K, ") must be a positive multiple of 32");
   w.kind = static_cast<QKind>(kind);
   w.N = N, w.K = K, w.G = (N + kQRows - 1) / kQRows;
   const int64_t nb = K / kQBlock;
-  const int64_t per_block = info->nibbles ? 128 : 256;
+  const int64_t per_block = info->block_bytes();
+  const bool packed = info->bits < 8;
   TORCH_CHECK(data.is_contiguous() && data.numel() == w.G * nb * per_block &&
-                  data.scalar_type() == (info->nibbles ? at::kByte : at::kChar),
-              what, ": ", info->name, " data must be ", info->nibbles ? "uint8" : "int8", " with ",
+                  data.scalar_type() == (packed ? at::kByte : at::kChar),
+              what, ": ", info->name, " data must be ", packed ? "uint8" : "int8", " with ",
               w.G * nb * per_block, " elements (8-row groups of ", N, " x ", K, ")");
   TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kFloat && d.numel() == w.G * nb * info->scales_per_block * kQRows,
               what, ": ", info->name, " scales must be float32 [groups, blocks * ", info->scales_per_block * kQRows, "]");

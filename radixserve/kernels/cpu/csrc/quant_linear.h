@@ -1,17 +1,22 @@
 // Low-bit weight x int8 activation matrix-vector products for the few rows of a decode step, shared
 // by the quant_linear op (quant_linear.cpp) and the fused decode stack (decode_stack.cpp).
 //
-// Weights come in blocks of 32 along K (b = k / 32), in one of five kinds (layers/quantization/qweight.py:
+// Weights come in blocks of 32 along K (b = k / 32), in one of six kinds (layers/quantization/qweight.py:
 // KINDS, the same ids; gguf_formats.py maps every exact GGUF type onto one of them):
 //   Q8_0    w = d * q,      q int8,   d per 32
 //   Q4_1    w = d * q + m,  q 0..15,  d, m per 32
 //   Q8_M    w = d * q + m,  q int8,   d, m per 32
 //   Q8_16   w = d * q,      q int8,   d per 16 (two scales per block)
 //   Q8_M16  w = d * q + m,  q int8,   d, m per 16
+//   Q5      w = d * q + m,  q 0..31,  d, m per 32 (Q4_1's nibbles plus a plane of fifth bits)
 // and are stored with 8 output rows interleaved (rows padded with zeros to a multiple of 8; G groups):
 //   8-bit data int8 [G, nb * 256]: group g, block b, quarter t < 8, row i < 8, byte c < 4 = element 4t + c
 //   Q4_1  data uint8 [G, nb * 128]: group g, block b, quarter t < 4, row i < 8, byte c < 4 holds element
 //         8t + c (low nibble) and element 8t + 4 + c (high nibble)
+//   Q5    data uint8 [G, nb * 160]: per block the 128 bytes of Q4_1's layout (the low 4 bits), then 32
+//         bytes of fifth bits, row i < 8, byte c < 4: bit 2t = element 8t + c, bit 2t + 1 = element
+//         8t + 4 + c. A nibble byte's fifth bits sit in the same lane of one 32-byte load: two shifts
+//         and masks per quarter turn them into bit 4 of the unpacked bytes.
 //   d, m  float32 [G, nb * S * 8]: group g, block b, scale group s < S (S = 32 / group), row i
 // so one 32-byte load holds 4 (8-bit) or 8 (Q4_1) elements of 8 rows, the 4 activation bytes they
 // meet are one broadcast, and the 8 rows' scales are one vector load: a group's 8 dot products run
@@ -32,13 +37,15 @@ namespace radixserve {
 constexpr int64_t kQBlock = 32;
 constexpr int64_t kQRows = 8;  // rows interleaved per group
 
-enum class QKind : int64_t { Q8_0 = 0, Q4_1 = 1, Q8_M = 2, Q8_16 = 3, Q8_M16 = 4 };
-constexpr int64_t kNumQKinds = 5;
+enum class QKind : int64_t { Q8_0 = 0, Q4_1 = 1, Q8_M = 2, Q8_16 = 3, Q8_M16 = 4, Q5 = 5 };
+constexpr int64_t kNumQKinds = 6;
 
 struct QKindInfo {
   const char* name;
   int64_t scales_per_block;  // 1 (per 32) or 2 (per 16)
-  bool has_min, nibbles;
+  bool has_min;
+  int64_t bits;  // 4 / 5: unsigned values, low nibbles two per byte (Q4_1, Q5); 8: one int8 per byte
+  int64_t block_bytes() const { return kQRows * kQBlock * bits / 8; }  // data of one 8-row 32-block
 };
 
 // The kind's shape; nullptr for an id that is no kind.
