@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from radixserve.entrypoints.json_bounds import JSONShapeError, check_json_shape
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import (
     QueueFull,
@@ -170,10 +171,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 async def parse_body(request: Request, model: type[Any]) -> Any:
-    """JSON body -> pydantic model; malformed JSON and bad types are 400s."""
+    """JSON body -> pydantic model; malformed JSON, hostile shapes (json_bounds.py) and bad types are 400s."""
     raw = await request.body()
     try:
-        data = json.loads(raw) if raw else {}
+        # decoded as json.loads(bytes) would (UTF-8/16/32), so the shape check reads the same text
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        check_json_shape(text)  # before json.loads / pydantic, which recurse once per level
+        data = json.loads(text) if text else {}
+    except JSONShapeError as e:
+        raise APIError(400, str(e), e.field, "invalid_json") from None
     except ValueError as e:  # JSONDecodeError and bad UTF-8
         raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
     try:

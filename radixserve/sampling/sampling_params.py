@@ -48,7 +48,12 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_number(x: Any) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
+    if not (_is_int(x) or isinstance(x, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past float's range (a JSON 1000...0 of 400 digits): not a usable number
+        return False
 
 
 @dataclass

@@ -14,6 +14,11 @@ from tests.entrypoints.test_http_errors import _check_error
 
 CHAT = [{"role": "user", "content": "Hi"}]
 GOOD = {"messages": CHAT, "max_tokens": 2, "temperature": 0}
+# JSON text, not dicts: json.dumps itself would recurse too deep to write these
+DEEP = "[" * 100_000 + "]" * 100_000  # the issue's reproduction: a RecursionError (500) in json.loads
+OBJ70 = '{"a": ' * 70 + "1" + "}" * 70  # past the 64-level bound, well inside the recursion limit
+CHAT_JSON = '"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2'
+LONG_INT = "1" + "0" * 1000  # 1001 digits: past the decoder's bound on a number
 
 HOSTILE = [
     # the two reproductions
@@ -41,6 +46,28 @@ HOSTILE = [
      "temperature"),
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": 1e400}', 400, "max_tokens"),
     ("/generate", b'{"text": "hi", "sampling_params": {"top_p": NaN}}', 400, "top_p"),
+    # hostile shapes, bounded before the recursive decoder (json_bounds.py): one per body route ...
+    ("/v1/completions", f'{{"prompt": {DEEP}, "max_tokens": 1}}'.encode(), 400, "prompt"),
+    ("/generate", f'{{"input_ids": {DEEP}}}'.encode(), 400, "input_ids"),
+    ("/v1/chat/completions", f'{{"messages": {DEEP}}}'.encode(), 400, "messages"),
+    ("/abort_request", f'{{"rid": {DEEP}}}'.encode(), 400, "rid"),
+    # ... deep objects where the API takes free-form objects ...
+    ("/v1/chat/completions", f'{{{CHAT_JSON}, "logit_bias": {{"1": {OBJ70}}}}}'.encode(), 400, "logit_bias"),
+    ("/v1/chat/completions", f'{{{CHAT_JSON}, "tools": [{{"type": "function", "function": {{"name": "f", '
+                             f'"parameters": {OBJ70}}}}}]}}'.encode(), 400, "tools"),
+    ("/v1/chat/completions", f'{{{CHAT_JSON}, "response_format": {{"type": "json_schema", "json_schema": '
+                             f'{{"name": "x", "schema": {OBJ70}}}}}}}'.encode(), 400, "response_format"),
+    ("/v1/chat/completions", f'{{"messages": [{{"role": "user", "content": [{OBJ70}]}}]}}'.encode(), 400,
+     "messages"),
+    ("/generate", f'{{"text": "hi", "sampling_params": {{"json_schema": {OBJ70}}}}}'.encode(), 400,
+     "sampling_params"),
+    # ... and huge numbers: past the decoder's bound, and past float's range where a float is wanted
+    ("/v1/completions", f'{{"prompt": "hi", "max_tokens": 1, "seed": {LONG_INT}}}'.encode(), 400, "seed"),
+    ("/generate", f'{{"input_ids": [1, {LONG_INT}]}}'.encode(), 400, "input_ids"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "temperature": 10**400}}, 400,
+     "temperature"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "logit_bias": {"1": 10**400}}}, 400,
+     "logit_bias"),
 ]
 
 
@@ -68,6 +95,19 @@ def test_hostile_input(http, path, body, status, param) -> None:
     else:
         r = http.post(path, json=body)
     _check_error(r, status, param)
+    _still_serving(http)
+
+
+def test_every_body_route_bounds_nesting(http) -> None:
+    """Every route /openapi.json lists with a JSON body (the ones added later too) answers the deep body 400."""
+    spec = http.get("/openapi.json").json()
+    routes = [path for path, ops in spec["paths"].items() for op in ops.values()
+              if isinstance(op, dict) and "requestBody" in op]
+    assert {"/generate", "/v1/completions", "/v1/chat/completions", "/abort_request"} <= set(routes)
+    for path in routes:
+        r = http.post(path, content=f'{{"x": {DEEP}}}'.encode(), headers={"Content-Type": "application/json"})
+        _check_error(r, 400, "x")
+        assert r.json()["error"]["code"] == "invalid_json"
     _still_serving(http)
 
 

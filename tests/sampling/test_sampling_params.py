@@ -24,6 +24,7 @@ INVALID: list[tuple[str, Any, dict[str, Any]]] = [
     ("temperature", math.nan, {}),
     ("temperature", math.inf, {}),
     ("temperature", "1", {}),
+    ("temperature", 10**400, {}),  # an int past float's range (a JSON number of 401 digits)
     ("top_p", 0.0, {}),
     ("top_p", -0.5, {}),
     ("top_p", 1.01, {}),
@@ -43,6 +44,7 @@ INVALID: list[tuple[str, Any, dict[str, Any]]] = [
     ("logit_bias", {5: 100.5}, {}),
     ("logit_bias", {5: -101}, {}),
     ("logit_bias", {5: "big"}, {}),
+    ("logit_bias", {5: 10**400}, {}),
     ("logit_bias", [1, 2], {}),
     ("stop_token_ids", [VOCAB], {}),
     ("stop_token_ids", [-1], {}),
