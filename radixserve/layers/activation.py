@@ -9,15 +9,22 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _native(ops: Any, op_name: str, x: torch.Tensor) -> torch.Tensor | None:
+    """[n, 2 * inter] -> [n, inter] through the C++ op `op_name` (the one the native decode stack runs,
+    so both paths compute the same floats), or None where it does not apply."""
+    if ops is None or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
+        return None
+    out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
+    getattr(ops, op_name)(x, out)
+    return out
+
+
 class SiluAndMul(nn.Module):
     cpu_ops: Any = None  # torch.ops.radixserve_cpu when the runner enabled the C++ CPU kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # [n, 2 * inter] -> [n, inter]
-        ops = self.cpu_ops
-        if ops is not None and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
-            out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
-            ops.silu_and_mul(x, out)
+        out = _native(self.cpu_ops, "silu_and_mul", x)
+        if out is not None:
             return out
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
@@ -26,7 +33,12 @@ class SiluAndMul(nn.Module):
 class GeluTanhAndMul(nn.Module):
     """GELU(gate, tanh approximation) * up: Gemma's gated MLP (transformers' gelu_pytorch_tanh)."""
 
+    cpu_ops: Any = None  # torch.ops.radixserve_cpu when the runner enabled the C++ CPU kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = _native(self.cpu_ops, "gelu_tanh_and_mul", x)
+        if out is not None:
+            return out
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
 

@@ -14,7 +14,11 @@ step: each request's last token plus its drafts) of any size the low-bit path ta
 in that one call: the embedding lookup and the LM head stay in Python (the LM head through the same
 low-bit path as every other step). The stack computes exactly what the per-layer path computes with
 the same low-bit weights (same kernels in the same order; tests/model_executor/test_quantized_model.py
-checks they agree bit for bit). `--disable-cpu-graph` turns it off.
+checks they agree bit for bit; tests/model_executor/test_decode_stack_architectures.py on every
+architecture). It runs a model whose every layer declares (CausalLM.layer_arithmetic) what it implements,
+models/base.py's DECODE_STACK_LAYERS: Llama / Qwen2 / Mistral layers, Qwen3's QK-norm, Gemma 2/3's sandwich
+norms and GELU-tanh, any sliding window and attention soft-cap, each layer with its own RoPE base (Gemma 3);
+not partial rotary (Phi-3's). `--disable-cpu-graph` turns it off.
 
 The runner decides *how* a step runs, never *who* runs: can_run() looks only at the ForwardBatch.
 """
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
-from radixserve.models.base import LLAMA_STACK_LAYERS
+from radixserve.models.base import DECODE_STACK_LAYERS, LayerArithmetic
 
 if TYPE_CHECKING:
     from radixserve.layers.logits_processor import LogitsProcessorOutput
@@ -37,6 +41,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _EMPTY = torch.empty(0)
+
+
+def _arithmetic_tensors(layer: Any, arithmetic: LayerArithmetic) -> list[torch.Tensor]:
+    """DecodeStack.add_layer's `arith`: the layer's RoPE caches, then its QK-norm and sandwich-norm weights
+    where its declared arithmetic has them (empty: none)."""
+    attn = layer.self_attn
+    rope = attn.rotary_emb  # its RoPE base's (Gemma 3: local and global layers differ)
+    qk = [attn.q_norm.weight.data, attn.k_norm.weight.data] if arithmetic.qk_norm else [_EMPTY, _EMPTY]
+    ff = ([layer.pre_feedforward_layernorm.weight.data, layer.post_feedforward_layernorm.weight.data]
+          if arithmetic.norms == "sandwich" else [_EMPTY, _EMPTY])
+    return [rope.cos_cache, rope.sin_cache, *qk, *ff]
 
 
 class CpuGraphRunner:
@@ -74,10 +89,9 @@ class CpuGraphRunner:
         model, inner = runner.model, runner.model.model
         for i in inner.stage_layers:
             arithmetic = model.layer_arithmetic(i)
-            if arithmetic not in LLAMA_STACK_LAYERS:
-                return f"layer {i} computes {arithmetic}, which the native stack does not implement"
-        if len(inner.rotary_embs) != 1:
-            return "more than one RoPE base"
+            if arithmetic not in DECODE_STACK_LAYERS:
+                outside = ", ".join(DECODE_STACK_LAYERS.outside(arithmetic))
+                return f"layer {i} computes {arithmetic}, which the native stack does not implement ({outside})"
         for i in inner.stage_layers:
             layer = inner.layers[i]
             attn, mlp = layer.self_attn, layer.mlp
@@ -90,12 +104,11 @@ class CpuGraphRunner:
 
     @staticmethod
     def _build_stack(runner: ModelRunner) -> Any:
-        cfg, inner = runner.model_config, runner.model.model
+        cfg, model, inner = runner.model_config, runner.model, runner.model.model
         first = inner.layers[0].self_attn
         stack = torch.classes.radixserve_cpu.DecodeStack(
             cfg.hidden_size, first.qkv_proj.num_heads, first.qkv_proj.num_kv_heads, cfg.head_dim,
-            cfg.intermediate_size, float(inner.norm.eps), float(first.attn.scaling),
-            inner.rotary_emb.cos_cache, inner.rotary_emb.sin_cache, inner.norm.weight.data,
+            cfg.intermediate_size, float(inner.norm.eps), float(first.attn.scaling), inner.norm.weight.data,
         )
         pool = runner.token_to_kv_pool
         for i, layer in enumerate(inner.layers):
@@ -109,7 +122,10 @@ class CpuGraphRunner:
                 qw = proj.qweight
                 tensors += [qw.data, qw.d, qw.m if qw.m is not None else _EMPTY]
                 kinds.append(qw.kind)
-            stack.add_layer(tensors, kinds)
+            # the stack computes what the layer declares (what _unsupported checked)
+            arithmetic = model.layer_arithmetic(i)
+            stack.add_layer(tensors, kinds, _arithmetic_tensors(layer, arithmetic), arithmetic.sliding_window or 0,
+                            float(arithmetic.logit_cap or 0.0), arithmetic.activation)
         return stack
 
     def can_run(self, fb: ForwardBatch) -> bool:

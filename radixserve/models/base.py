@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,9 +62,46 @@ class LayerArithmetic:
     logit_cap: float | None
 
 
-# What kernels/cpu/csrc/decode_stack.cpp implements (a q/k/v bias is its one option).
-LLAMA_STACK_LAYERS = frozenset(
-    LayerArithmetic("pre", False, "silu", bias, False, None, None) for bias in (False, True)
+class _AnyValue:
+    """Every value: a LayerArithmetic field a kernel takes as an argument (a window, a soft-cap)."""
+
+    def __contains__(self, value: object) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ANY_VALUE"
+
+
+ANY_VALUE = _AnyValue()
+
+
+class LayerArithmeticSet:
+    """A set of LayerArithmetic records given field by field: the values each field may take. Every field
+    must be named, so a field added to LayerArithmetic later is outside the set until someone says what
+    the kernel does with it."""
+
+    def __init__(self, **allowed: frozenset[object] | _AnyValue) -> None:
+        names = [f.name for f in fields(LayerArithmetic)]
+        if sorted(allowed) != sorted(names):
+            raise ValueError(f"a LayerArithmeticSet names every field of LayerArithmetic {names}, "
+                             f"got {sorted(allowed)}")
+        self.allowed = allowed
+
+    def outside(self, record: LayerArithmetic) -> list[str]:
+        """The fields of `record` whose value is outside the set (empty: the record is in it)."""
+        return [f"{name}={getattr(record, name)!r}" for name, values in self.allowed.items()
+                if getattr(record, name) not in values]
+
+    def __contains__(self, record: object) -> bool:
+        return isinstance(record, LayerArithmetic) and not self.outside(record)
+
+
+# What kernels/cpu/csrc/decode_stack.cpp implements: Llama, Qwen2/3, Mistral, Gemma 2/3 layers, with any
+# window and attention soft-cap (paged_attention's arguments); not partial rotary (Phi-3's).
+DECODE_STACK_LAYERS = LayerArithmeticSet(
+    norms=frozenset({"pre", "sandwich"}), qk_norm=frozenset({False, True}),
+    activation=frozenset({"silu", "gelu_tanh"}), qkv_bias=frozenset({False, True}),
+    partial_rotary=frozenset({False}), sliding_window=ANY_VALUE, logit_cap=ANY_VALUE,
 )
 
 
@@ -180,7 +217,7 @@ class DecoderModel(nn.Module):
 
     @property
     def rotary_emb(self) -> RotaryEmbedding:
-        """The RoPE of a model with one RoPE base (what the native decode stack binds)."""
+        """The RoPE of a model with one RoPE base."""
         if len(self.rotary_embs) != 1:
             raise ValueError(f"this model has {len(self.rotary_embs)} RoPE bases")
         return self.rotary_embs[0]

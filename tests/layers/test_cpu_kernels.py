@@ -1,6 +1,6 @@
 """radixserve's C++ CPU kernels against plain PyTorch: paged attention against
 scaled_dot_product_attention over explicitly gathered KV, and the decoder-layer glue (fused
-add + RMSNorm, RoPE, SiLU-and-mul) against the modules' own PyTorch paths.
+add + RMSNorm, RoPE, SiLU- and GELU-tanh-and-mul) against the modules' own PyTorch paths.
 
 Slots are scattered at random over a pool larger than the batch needs (as after eviction and
 retraction), query blocks of length L > 1 check the causal limit inside the block (TARGET_VERIFY),
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.layers.activation import SiluAndMul
+from radixserve.layers.activation import GeluTanhAndMul, SiluAndMul
 from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
@@ -248,3 +248,15 @@ def test_silu_and_mul(n):
     act = SiluAndMul()
     ref = _with_ops(act, False)(x)
     torch.testing.assert_close(_with_ops(act, True)(x), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 33])
+def test_gelu_tanh_and_mul(n):
+    """Gemma's gated activation; I = 1000 leaves a tail after the vector loop."""
+    x = torch.randn(n, 2 * 1000, generator=torch.Generator().manual_seed(n)) * 4
+    act = GeluTanhAndMul()
+    ref = _with_ops(act, False)(x)
+    torch.testing.assert_close(_with_ops(act, True)(x), ref, atol=1e-5, rtol=1e-5)
+    out = torch.empty(n, 999)
+    with pytest.raises(RuntimeError, match="gelu_tanh_and_mul"):
+        ops.gelu_tanh_and_mul(x, out)

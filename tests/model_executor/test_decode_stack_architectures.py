@@ -1,3 +1,109 @@
+"""The native decode stack (CpuGraphRunner) on every registered architecture: for each one it implements
+(Llama, Qwen2/3, Mistral, Gemma 2/3 layers: QK-norm, sandwich norms, GELU-tanh, sliding windows, attention
+soft-caps, two RoPE bases), DECODE and TARGET_VERIFY steps through the stack equal bit for bit the same
+model's layer-by-layer path with the same low-bit weights; an architecture it does not implement is refused,
+naming the declared field that is outside it.
+
+The models are tests/models/test_architectures.py's tiny transformers models (window W = 5 tokens, small
+soft-caps that bend real scores), quantised to int8 at load so the stack can bind their weights; prompts are
+longer than three windows, so every step reads keys across the window edge."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.kernels.cpu import load_cpu_ops
+from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
+from radixserve.model_executor.forward_batch_info import ForwardMode
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.models.base import DECODE_STACK_LAYERS
+from radixserve.server_args import ServerArgs
+from tests.model_executor.hand_batch import HandBatch
+from tests.models.test_architectures import ARCHITECTURES, VOCAB, W, make_hf_model
+
+ops, why = load_cpu_ops()
+pytestmark = pytest.mark.skipif(ops is None, reason=f"no C++ kernels: {why}")
+
+# architecture -> the LayerArithmetic field the stack does not implement
+REFUSED = {"phi3_partial": "partial_rotary=True"}
+PROMPT_LENS = (3 * W + 12, 3 * W + 5, 3 * W + 1)  # every prompt past three windows, all of different lengths
+DRAFTS = 2  # TARGET_VERIFY: each request's last token + 2 drafts
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def stacked(request, tmp_path_factory) -> tuple[str, ModelRunner]:
+    arch = request.param
+    path = tmp_path_factory.mktemp(arch)
+    make_hf_model(arch, path)
+    args = ServerArgs(model_path=str(path), quantization="int8", dtype="float32", max_total_tokens=2048,
+                      max_running_requests=8)
+    return arch, ModelRunner(args)
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in PROMPT_LENS]
+
+
+def _logits(runner: ModelRunner) -> list[torch.Tensor]:
+    """Prefill each prompt alone, then DECODE at batch 1, batch 1 again, all rows, and one TARGET_VERIFY
+    step of all rows: the logits of the 4 steps the stack replays."""
+    hb = HandBatch(runner)
+    prompts = _prompts()
+    rows = [hb.new_req() for _ in prompts]
+    for row, prompt in zip(rows, prompts):
+        hb.run([(row, prompt)], full=False)
+    got = []
+    for step in range(3):
+        batch = rows[:1] if step < 2 else rows
+        res = hb.run([(row, [11 + step + j]) for j, row in enumerate(batch)], full=False)
+        got.append(res.logits_output.next_token_logits.clone())
+    verify = [(row, [40 + j + d for d in range(DRAFTS + 1)]) for j, row in enumerate(rows)]
+    res = hb.run(verify, mode=ForwardMode.TARGET_VERIFY, full=False)
+    got.append(res.logits_output.next_token_logits.clone())
+    hb.release_all()
+    return got
+
+
+def test_the_stack_takes_every_architecture_but_partial_rotary(stacked) -> None:
+    """The decision follows the declared LayerArithmetic only, and a refusal names what is outside."""
+    arch, runner = stacked
+    model = runner.model
+    declared = [model.layer_arithmetic(i) for i in range(runner.model_config.num_hidden_layers)]
+    why = CpuGraphRunner._unsupported(runner)
+    if arch in REFUSED:
+        assert runner.cpu_graph_runner is None
+        assert any(a not in DECODE_STACK_LAYERS for a in declared)
+        assert why is not None and "does not implement" in why and REFUSED[arch] in why, why
+    else:
+        assert all(a in DECODE_STACK_LAYERS for a in declared)
+        assert why is None and runner.cpu_graph_runner is not None, why
+
+
+def test_stack_equals_the_layer_by_layer_path(stacked) -> None:
+    arch, runner = stacked
+    if arch in REFUSED:
+        pytest.skip(f"the stack does not implement {arch}'s layers")
+    layered = ModelRunner(runner.server_args.replace(disable_cpu_graph=True), model=runner.model)
+    assert layered.cpu_graph_runner is None
+    before = runner.cpu_graph_runner.replays
+    stack_logits = _logits(runner)
+    assert runner.cpu_graph_runner.replays == before + len(stack_logits)  # every step went through the stack
+    layer_logits = _logits(layered)
+    for step, (a, b) in enumerate(zip(stack_logits, layer_logits)):
+        assert a.shape == b.shape
+        assert torch.equal(a, b), f"{arch} step {step}: max |difference| {(a - b).abs().max().item():.3e}"
+
+
+def test_gemma3_binds_both_rope_bases(stacked) -> None:
+    """Gemma 3's local and global layers rotate with different bases: the stack runs it (no fallback), and
+    the equality above holds only if each layer got its own caches."""
+    arch, runner = stacked
+    if arch != "gemma3":
+        pytest.skip("one RoPE base")
+    assert len(runner.model.model.rotary_embs) == 2
+    assert runner.cpu_graph_runner is not None
 
 
 def test_the_set_is_given_field_by_field() -> None:

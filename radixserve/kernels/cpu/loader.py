@@ -3,7 +3,7 @@
     csrc/ops.cpp               every op's schema (torch.ops.radixserve_cpu.<name>)
     csrc/paged_attention.cpp   paged_attention, paged_attention_varlen
     csrc/flash_attention.cpp   extend_attention (tiled, online softmax: PREFILL / EXTEND)
-    csrc/decoder_glue.cpp      fused_add_rms_norm_, rope_, silu_and_mul
+    csrc/decoder_glue.cpp      fused_add_rms_norm_, rope_, silu_and_mul, gelu_tanh_and_mul
     csrc/quant_linear.cpp      quant_linear (Q8_0 / Q4_1 weights x block-quantised int8 activations)
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
     csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h)
@@ -195,7 +195,7 @@ def load_paged_attention() -> tuple[Callable[..., None] | None, str]:
 
 
 def enable_cpu_kernels(model: torch.nn.Module, ops: Any | None) -> int:
-    """Point every module with a `cpu_ops` slot (RMSNorm, RotaryEmbedding, SiluAndMul) at `ops`
+    """Point every module with a `cpu_ops` slot (RMSNorm, RotaryEmbedding, SiluAndMul, GeluTanhAndMul) at `ops`
     (None switches them back to plain PyTorch); returns how many modules were set."""
     count = 0
     for mod in model.modules():

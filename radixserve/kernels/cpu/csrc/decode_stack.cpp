@@ -1,28 +1,35 @@
-// The whole decoder stack of a Llama-family model for the few rows of a DECODE or TARGET_VERIFY step, as one native
-// call: radixserve's CPU counterpart of a captured CUDA graph (model_executor/cpu_graph_runner.py
-// builds it once and replays it each step). Python stays the source of truth for the model: this
+// The whole decoder stack of a Llama-, Qwen3- or Gemma-family model for the few rows of a DECODE or
+// TARGET_VERIFY step, as one native call: radixserve's CPU counterpart of a captured CUDA graph
+// (model_executor/cpu_graph_runner.py builds it once and replays it each step). Python stays the source of truth for the model: this
 // object holds views of the same weights, norms, RoPE caches and KV pool, and runs the same ops
-// (ops.h, quant_linear.h) in the same order as LlamaDecoderLayer.forward with low-bit weights.
+// (ops.h, quant_linear.h) in the same order as models/base.py's DecoderLayer.forward with low-bit weights.
 //
 // Why: at batch 1 the per-layer Python path dispatches ~12 torch ops per layer (views, splits, the
 // KV write, norms, RoPE, attention, four linears), each with its allocation and OpenMP region;
 // that overhead was ~12 ms of a ~20 ms step on the 2-core dev machine while the int8 linears took
 // ~7.6 ms. Here a step crosses into Python once and allocates only the hidden state it returns.
 //
-// Per layer l (weights of any kind in quant_linear.h: QKind):
+// Per layer l (weights of any kind in quant_linear.h: QKind; [..] = the layer's options):
 //   x, residual = add_rms_norm(x, residual, in_norm)      (layer 0: residual = x, x = rms_norm(x))
-//   qkv = x . Wqkv^T (+ bias);  RoPE on the q and k heads;  k, v -> KV pool rows out_loc
-//   a = paged_attention(q, pool, kv_idx, seq_lens);  x = a . Wo^T
-//   x, residual = add_rms_norm(x, residual, post_norm);   x = down(silu(gate) * up)
-// then x = add_rms_norm(x, residual, final_norm) is returned (the LM head stays in Python).
+//   qkv = x . Wqkv^T [+ bias];  [QK-norm: rms_norm of each q and k head]
+//   RoPE on the q and k heads with the layer's cos/sin;  k, v -> KV pool rows out_loc
+//   a = paged_attention(q, pool, kv_idx, seq_lens, [window], [softcap]);  x = a . Wo^T
+//   pre:       x, residual = add_rms_norm(x, residual, post_norm);  x = down(act(gate) * up)
+//   sandwich:  x = rms_norm(x, post_norm);  x, residual = add_rms_norm(x, residual, pre_ff_norm)
+//              x = rms_norm(down(act(gate) * up), post_ff_norm)
+//   act = silu or gelu_tanh
+// then x = add_rms_norm(x, residual, final_norm) is returned (the LM head stays in Python; so do
+// Gemma's embedding scale and final-logit soft-cap, which lie outside the stack).
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "attn_common.h"
 #include "bf16.h"
 #include "ops.h"
 #include "quant_linear.h"
@@ -30,18 +37,27 @@
 namespace radixserve {
 namespace {
 
+enum class Activation { Silu, GeluTanh };
+
 struct StackLayer {
   at::Tensor in_norm, post_norm, qkv_bias, k_buf, v_buf;
   std::vector<at::Tensor> keep;  // owns the weight tensors the QMats point into
   QMat qkv, o, gate_up, down;
+  // the layer's arithmetic (models/base.py LayerArithmetic); an undefined norm = not this layer's
+  at::Tensor cos, sin;                      // its RoPE base's caches (Gemma 3: local and global differ)
+  at::Tensor q_norm, k_norm;                // QK-norm (Qwen3, Gemma 3)
+  at::Tensor pre_ff_norm, post_ff_norm;     // sandwich norms (Gemma 2/3)
+  int64_t window = 0;                       // sliding window, 0 = global
+  double softcap = 0.0;                     // attention logit soft-cap, 0 = none
+  Activation act = Activation::Silu;
 };
 
 class DecodeStack : public torch::CustomClassHolder {
  public:
   DecodeStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-              double scale, at::Tensor cos_cache, at::Tensor sin_cache, at::Tensor final_norm)
+              double scale, at::Tensor final_norm)
       : H_(hidden), Hq_(heads), Hkv_(kv_heads), D_(head_dim), I_(intermediate), eps_(eps), scale_(scale),
-        cos_(std::move(cos_cache)), sin_(std::move(sin_cache)), final_norm_(std::move(final_norm)) {
+        final_norm_(std::move(final_norm)) {
     TORCH_CHECK(H_ > 0 && Hq_ > 0 && Hkv_ > 0 && Hq_ % Hkv_ == 0 && D_ > 0 && D_ % 2 == 0 && I_ > 0,
                 "DecodeStack: bad dimensions");
     check_vec(final_norm_, H_, "final_norm");
@@ -50,7 +66,10 @@ class DecodeStack : public torch::CustomClassHolder {
   // t = [in_norm, post_norm, qkv_bias (empty = none), k_buf, v_buf,
   //      qkv data, d, m, o data, d, m, gate_up data, d, m, down data, d, m]  (m empty for kinds without mins)
   // kinds = [qkv, o, gate_up, down] (QKind ids, each checked by qmat_from_tensors); shapes follow from the model's dimensions
-  void add_layer(std::vector<at::Tensor> t, std::vector<int64_t> kinds) {
+  // arith = [cos_cache, sin_cache, q_norm, k_norm, pre_ff_norm, post_ff_norm] (norms empty = none),
+  // window (0 = global), softcap (0 = none), activation "silu" | "gelu_tanh": see set_arithmetic
+  void add_layer(std::vector<at::Tensor> t, std::vector<int64_t> kinds, std::vector<at::Tensor> arith,
+                 int64_t window, double softcap, std::string activation) {
     TORCH_CHECK(t.size() == 17 && kinds.size() == 4, "DecodeStack.add_layer: 17 tensors and 4 kinds");
     StackLayer L;
     L.in_norm = t[0], L.post_norm = t[1], L.qkv_bias = t[2], L.k_buf = t[3], L.v_buf = t[4];
@@ -69,6 +88,7 @@ class DecodeStack : public torch::CustomClassHolder {
     L.o = qmat_from_tensors(kinds[1], H_, Hq_ * D_, t[8], t[9], t[10], "DecodeStack o_proj");
     L.gate_up = qmat_from_tensors(kinds[2], 2 * I_, H_, t[11], t[12], t[13], "DecodeStack gate_up_proj");
     L.down = qmat_from_tensors(kinds[3], H_, I_, t[14], t[15], t[16], "DecodeStack down_proj");
+    set_arithmetic(L, arith, window, softcap, activation);
     layers_.push_back(std::move(L));
   }
 
@@ -98,6 +118,7 @@ class DecodeStack : public torch::CustomClassHolder {
     if (M != buf_rows_) {  // scratch for this row count, kept across steps (a few KB per row)
       residual_ = at::empty({M, H_}, f32), qkv_ = at::empty({M, qkv_n}, f32);
       q_ = at::empty({M, Hq_, D_}, f32), attn_ = at::empty({M, Hq_, D_}, f32);
+      qn_ = at::empty({M * Hq_, D_}, f32), kn_ = at::empty({M * Hkv_, D_}, f32);
       gu_ = at::empty({M, 2 * I_}, f32), act_ = at::empty({M, I_}, f32);
       buf_rows_ = M;
     }
@@ -123,7 +144,8 @@ class DecodeStack : public torch::CustomClassHolder {
       }
       quantize_rows_q8(xp, M, H_, H_, act_q_);
       qgemm(Ly.qkv, act_q_, Ly.qkv_bias.numel() > 0 ? Ly.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
-      rope_(qk, positions, cos_, sin_);
+      if (Ly.q_norm.defined()) qk_norm(Ly, qkvp, M);
+      rope_(qk, positions, Ly.cos, Ly.sin);
       float* qp = q.data_ptr<float>();
       for (int64_t i = 0; i < M; ++i) std::memcpy(qp + i * Hq_ * D_, qkvp + i * qkv_n, sizeof(float) * Hq_ * D_);
       if (Ly.k_buf.scalar_type() == at::kBFloat16) {
@@ -132,22 +154,87 @@ class DecodeStack : public torch::CustomClassHolder {
       } else {
         write_kv(Ly.k_buf.data_ptr<float>(), Ly.v_buf.data_ptr<float>(), qkvp, qkv_n, loc, M);
       }
-      // global attention, no soft-cap: a model with either is not bound to a stack (cpu_graph_runner.py)
-      paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, /*window=*/0, /*softcap=*/0.0, attn);
+      paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, Ly.window, Ly.softcap, attn);
       quantize_rows_q8(attn.data_ptr<float>(), M, Hq_ * D_, Hq_ * D_, act_q_);
       qgemm(Ly.o, act_q_, nullptr, xp, H_);
-      fused_add_rms_norm_(x, with_residual, Ly.post_norm, eps_);
+      const bool sandwich = Ly.pre_ff_norm.defined();
+      if (sandwich) {  // the attention output is normed before it joins the residual
+        fused_add_rms_norm_(x, no_residual, Ly.post_norm, eps_);
+        fused_add_rms_norm_(x, with_residual, Ly.pre_ff_norm, eps_);
+      } else {
+        fused_add_rms_norm_(x, with_residual, Ly.post_norm, eps_);
+      }
       quantize_rows_q8(xp, M, H_, H_, act_q_);
       qgemm(Ly.gate_up, act_q_, nullptr, gu.data_ptr<float>(), 2 * I_);
-      silu_and_mul(gu, act);
+      if (Ly.act == Activation::GeluTanh) {
+        gelu_tanh_and_mul(gu, act);
+      } else {
+        silu_and_mul(gu, act);
+      }
       quantize_rows_q8(act.data_ptr<float>(), M, I_, I_, act_q_);
       qgemm(Ly.down, act_q_, nullptr, xp, H_);
+      if (sandwich) fused_add_rms_norm_(x, no_residual, Ly.post_ff_norm, eps_);
     }
     fused_add_rms_norm_(x, with_residual, final_norm_, eps_);
     return x;
   }
 
  private:
+  // The layer's options (add_layer's arith, window, softcap, activation), checked against the model's
+  // dimensions: a layer is Llama's unless they say otherwise.
+  void set_arithmetic(StackLayer& L, const std::vector<at::Tensor>& arith, int64_t window, double softcap,
+                      const std::string& activation) const {
+    TORCH_CHECK(arith.size() == 6, "DecodeStack.add_layer: arith = [cos, sin, q_norm, k_norm, pre_ff_norm, "
+                "post_ff_norm]");
+    const at::Tensor &cos = arith[0], &sin = arith[1];
+    TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.dim() == 2 && cos.size(1) == D_ / 2 &&
+                    sin.scalar_type() == at::kFloat && sin.is_contiguous() && sin.sizes() == cos.sizes(),
+                "DecodeStack: the RoPE caches must be float32 [max_pos, head_dim / 2] (no partial rotary)");
+    L.cos = cos, L.sin = sin;
+    TORCH_CHECK((arith[2].numel() > 0) == (arith[3].numel() > 0), "DecodeStack: q_norm and k_norm come together");
+    if (arith[2].numel() > 0) {
+      check_vec(arith[2], D_, "q_norm");
+      check_vec(arith[3], D_, "k_norm");
+      L.q_norm = arith[2], L.k_norm = arith[3];
+    }
+    TORCH_CHECK((arith[4].numel() > 0) == (arith[5].numel() > 0),
+                "DecodeStack: pre_ff_norm and post_ff_norm come together (sandwich norms)");
+    if (arith[4].numel() > 0) {
+      check_vec(arith[4], H_, "pre_ff_norm");
+      check_vec(arith[5], H_, "post_ff_norm");
+      L.pre_ff_norm = arith[4], L.post_ff_norm = arith[5];
+    }
+    check_window_softcap("DecodeStack", window, softcap);
+    L.window = window, L.softcap = softcap;
+    if (activation == "silu") {
+      L.act = Activation::Silu;
+    } else if (activation == "gelu_tanh") {
+      L.act = Activation::GeluTanh;
+    } else {
+      TORCH_CHECK(false, "DecodeStack: activation must be silu or gelu_tanh, got ", activation);
+    }
+  }
+
+  // Per-head RMSNorm of the q and k heads of each qkv row, in place. As Attention.forward does, the q
+  // heads and the k heads are normed as the rows of contiguous [M * heads, head_dim] copies (the same
+  // op on the same layout, so the floats equal the layer-by-layer path's), then written back for RoPE.
+  void qk_norm(const StackLayer& Ly, float* qkvp, int64_t M) {
+    const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_, q_n = Hq_ * D_, k_n = Hkv_ * D_;
+    float* qn = qn_.data_ptr<float>();
+    float* kn = kn_.data_ptr<float>();
+    for (int64_t i = 0; i < M; ++i) {
+      std::memcpy(qn + i * q_n, qkvp + i * qkv_n, sizeof(float) * q_n);
+      std::memcpy(kn + i * k_n, qkvp + i * qkv_n + q_n, sizeof(float) * k_n);
+    }
+    const c10::optional<at::Tensor> no_residual;
+    fused_add_rms_norm_(qn_, no_residual, Ly.q_norm, eps_);
+    fused_add_rms_norm_(kn_, no_residual, Ly.k_norm, eps_);
+    for (int64_t i = 0; i < M; ++i) {
+      std::memcpy(qkvp + i * qkv_n, qn + i * q_n, sizeof(float) * q_n);
+      std::memcpy(qkvp + i * qkv_n + q_n, kn + i * k_n, sizeof(float) * k_n);
+    }
+  }
+
   // this step's k and v heads of each row (after RoPE) -> the pool's slots out_loc, in the pool's dtype
   template <typename T>
   void write_kv(T* kp, T* vp, const float* qkvp, int64_t qkv_n, const int64_t* loc, int64_t M) const {
@@ -166,11 +253,11 @@ class DecodeStack : public torch::CustomClassHolder {
 
   int64_t H_, Hq_, Hkv_, D_, I_;
   double eps_, scale_;
-  at::Tensor cos_, sin_, final_norm_;
+  at::Tensor final_norm_;
   std::vector<StackLayer> layers_;
   Q8ActRows act_q_;
   int64_t buf_rows_ = -1;
-  at::Tensor residual_, qkv_, q_, attn_, gu_, act_;
+  at::Tensor residual_, qkv_, q_, attn_, gu_, act_, qn_, kn_;
 };
 
 }  // namespace
@@ -178,8 +265,7 @@ class DecodeStack : public torch::CustomClassHolder {
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.class_<radixserve::DecodeStack>("DecodeStack")
-      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, at::Tensor,
-                       at::Tensor>())
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor>())
       .def("add_layer", &radixserve::DecodeStack::add_layer)
       .def("num_layers", &radixserve::DecodeStack::num_layers)
       .def("forward", &radixserve::DecodeStack::forward);

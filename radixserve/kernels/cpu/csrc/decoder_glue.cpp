@@ -1,4 +1,5 @@
-// The decoder layer's glue on CPU (float32): fused residual-add + RMSNorm, RoPE in place, SiLU-and-mul.
+// The decoder layer's glue on CPU (float32): fused residual-add + RMSNorm, RoPE in place, SiLU- and
+// GELU-tanh-and-mul.
 // Op schemas: ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -87,23 +88,39 @@ void rope_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_cac
   });
 }
 
-// out [n, I] = silu(x[:, :I]) * x[:, I:] for x [n, 2I] contiguous.
-void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "silu_and_mul: float32 only");
+// out [n, I] = act(x[:, :I]) * x[:, I:] for x [n, 2I] contiguous: the gated MLP's activation.
+template <typename Act>
+void gated_and_mul(const char* op, const at::Tensor& x, at::Tensor& out, Act act) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, op, ": float32 only");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && out.is_contiguous() && x.size(1) == 2 * out.size(1) &&
                   out.size(0) == x.size(0),
-              "silu_and_mul: x [n, 2I] and out [n, I], contiguous");
+              op, ": x [n, 2I] and out [n, I], contiguous");
   const int64_t n = x.size(0), I = out.size(1);
   const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+  float* outp = out.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* g = xp + i * 2 * I;
       const float* u = g + I;
-      float* o = op + i * I;
+      float* o = outp + i * I;
 #pragma omp simd
-      for (int64_t d = 0; d < I; ++d) o[d] = g[d] / (1.f + std::exp(-g[d])) * u[d];
+      for (int64_t d = 0; d < I; ++d) o[d] = act(g[d]) * u[d];
     }
+  });
+}
+
+void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
+  gated_and_mul("silu_and_mul", x, out, [](float g) { return g / (1.f + std::exp(-g)); });
+}
+
+// GELU with the tanh approximation (transformers' gelu_pytorch_tanh, Gemma's MLP):
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). layers/activation.py's GeluTanhAndMul calls this
+// op too, so the layer-by-layer path and the decode stack compute the same floats.
+void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor& out) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  gated_and_mul("gelu_tanh_and_mul", x, out, [](float g) {
+    return 0.5f * g * (1.f + std::tanh(kBeta * (g + kKappa * g * g * g)));
   });
 }
 
@@ -113,4 +130,5 @@ TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
   m.impl("fused_add_rms_norm_", &radixserve::fused_add_rms_norm_);
   m.impl("rope_", &radixserve::rope_);
   m.impl("silu_and_mul", &radixserve::silu_and_mul);
+  m.impl("gelu_tanh_and_mul", &radixserve::gelu_tanh_and_mul);
 }

@@ -17,6 +17,8 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!)? residual, Tensor weight, float eps) -> ()");
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
-  // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16; m for kinds with mins), n output rows, in 8-row interleaved groups: layout in quant_linear.h
+  m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!) out) -> ()");
+  // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5; m for kinds with
+  // mins), n output rows, in 8-row interleaved groups: layout in quant_linear.h
   m.def("quant_linear(Tensor x, int kind, int n, Tensor data, Tensor d, Tensor? m, Tensor? bias, Tensor(a!) out) -> ()");
 }
