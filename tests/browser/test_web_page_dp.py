@@ -42,7 +42,7 @@ def test_dashboard_and_tree_show_each_replica(page: Any, api: httpx.Client) -> N
     }""", timeout=TIMEOUT_MS)
 
     page.click("a[data-view=tree]")
-    assert page.is_visible("#tree-dp-rank")
+    page.wait_for_selector("#tree-dp-rank", state="visible", timeout=TIMEOUT_MS)  # the view switch is async
     page.fill("#tree-dp-rank", "1")
     page.click("#tree-refresh")
     page.wait_for_function("() => document.getElementById('tree-summary').textContent.startsWith('replica 1:')",
