@@ -20,12 +20,15 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ops = self.cpu_ops
-        if ops is not None and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
+        if ops is not None and x.dtype == torch.float32 and x.dim() == 2:
             if residual is None:
-                out = x.clone()  # the caller keeps x as its residual
+                # a contiguous copy whatever x's layout (the caller keeps x as its residual): a strided
+                # view, as QK-norm's k heads with one KV head, takes this kernel too, so its floats do
+                # not depend on the batch size (a one-row view is contiguous) and equal the decode stack's
+                out = x.clone(memory_format=torch.contiguous_format)
                 ops.fused_add_rms_norm_(out, None, self.weight, self.eps)
                 return out
-            if residual.is_contiguous():
+            if x.is_contiguous() and residual.is_contiguous():
                 # in place: residual += x, x = norm(residual) (x is a fresh projection output)
                 ops.fused_add_rms_norm_(x, residual, self.weight, self.eps)
                 return x, residual

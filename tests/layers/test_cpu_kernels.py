@@ -260,3 +260,17 @@ def test_gelu_tanh_and_mul(n):
     out = torch.empty(n, 999)
     with pytest.raises(RuntimeError, match="gelu_tanh_and_mul"):
         ops.gelu_tanh_and_mul(x, out)
+
+
+def test_rms_norm_of_a_strided_view_takes_the_kernel():
+    """QK-norm with one KV head norms k as a strided view of the qkv output: it gets the floats of its
+    contiguous copy, at every row count (a one-row view is contiguous), as the decode stack computes."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(6, 3 * 256, generator=g)
+    norm = _with_ops(RMSNorm(256, eps=1e-6), True)
+    norm.weight.data.normal_(1.0, 0.3, generator=g)
+    k = qkv[:, 256:512]
+    assert not k.is_contiguous()
+    out = norm(k)
+    assert torch.equal(out, norm(k.contiguous()))
+    assert all(torch.equal(out[i : i + 1], norm(k[i : i + 1])) for i in range(6))

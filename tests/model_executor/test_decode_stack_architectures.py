@@ -31,11 +31,17 @@ PROMPT_LENS = (3 * W + 12, 3 * W + 5, 3 * W + 1)  # every prompt past three wind
 DRAFTS = 2  # TARGET_VERIFY: each request's last token + 2 drafts
 
 
-@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+# name -> (architecture, config overrides): one KV head (Gemma 3 270M / 1B) makes each step's k a strided
+# view of the qkv output, not a copy, on its way to the per-head norm
+VARIANTS = {arch: (arch, {}) for arch in ARCHITECTURES}
+VARIANTS.update({f"{arch}_one_kv_head": (arch, {"num_key_value_heads": 1}) for arch in ("qwen3", "gemma3")})
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def stacked(request, tmp_path_factory) -> tuple[str, ModelRunner]:
-    arch = request.param
-    path = tmp_path_factory.mktemp(arch)
-    make_hf_model(arch, path)
+    arch, overrides = VARIANTS[request.param]
+    path = tmp_path_factory.mktemp(request.param)
+    make_hf_model(arch, path, **overrides)
     args = ServerArgs(model_path=str(path), quantization="int8", dtype="float32", max_total_tokens=2048,
                       max_running_requests=8)
     return arch, ModelRunner(args)
