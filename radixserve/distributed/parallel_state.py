@@ -49,10 +49,6 @@ class ParallelState:
     cpu_group: Any = None  # gloo over the world (None = the default group, which is gloo on CPU)
 
     # ------------------------------------------------------------------ tensor parallel (the layers)
-    @property
-    def is_first_rank(self) -> bool:
-        return self.tp_rank == 0
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum partial results of a row-parallel layer over the TP ranks (in place)."""
         if self.tp_size == 1:

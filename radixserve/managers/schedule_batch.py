@@ -55,9 +55,6 @@ class ScheduleBatch:
     # TARGET_VERIFY with constrained requests: the grammar bitmask of every verified position
     spec_vocab_mask: torch.Tensor | None = None
 
-    def is_empty(self) -> bool:
-        return not self.reqs
-
     def batch_size(self) -> int:
         return len(self.reqs)
 
@@ -96,8 +93,6 @@ class ScheduleBatch:
                 self.req_to_token_pool.free(req.req_pool_idx)
                 req.req_pool_idx = None
             raise
-        for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
-            r.extend_input_len = s - p
         self.input_ids = [t for r, p in zip(self.reqs, self.prefix_lens) for t in r.fill_ids[p:]]
         if all(p == 0 for p in self.prefix_lens):
             self.forward_mode = ForwardMode.PREFILL
