@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from radixserve.distributed.host_port import parse_host_port
 from radixserve.distributed.rank_layout import RankLayout, stage_layers
-from radixserve.server_args import parse_host_port
 
 PG_PREFIX = "pg/"  # the process group's keys in the shared store (the node monitors use "rs/")
 
