@@ -25,6 +25,7 @@ from radixserve.constrained.xgrammar_backend import (
     new_bitmask,
     valid_draft_prefix,
 )
+from radixserve.exceptions import OutOfKVSlots
 from radixserve.managers.req import Req
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
@@ -33,10 +34,6 @@ from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.spec_info import Draft, VerifyInput
-
-
-class OutOfKVSlots(RuntimeError):
-    """The scheduler's budgets said yes but the pool said no (should not happen: a bug)."""
 
 
 @dataclass
