@@ -1,7 +1,6 @@
 """ServerArgs: the single source of every knob.
 
-The CLI (`radixserve serve|generate|bench ...`) is generated from the dataclass fields, so a
-knob exists in exactly one place: its default and help text live here.
+The CLI (`radixserve serve|generate|bench ...`) is generated from the fields: a knob's default and help live here.
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_origin
+
+from radixserve.distributed.host_port import parse_host_port
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 API_KEY_ENV = "RADIXSERVE_API_KEY"
@@ -231,6 +232,8 @@ class ServerArgs:
             bad("quantization", f"{self.quantization} runs on the CPU (device=cpu)")
         if self.quant_max_rows is not None and not 1 <= self.quant_max_rows <= 1 << 20:
             bad("quant_max_rows", f"must be in [1, {1 << 20}] or None (auto), got {self.quant_max_rows}")
+        if self.quant_max_rows is not None and self.quantization == "none":  # there is no low-bit copy to cap
+            bad("quant_max_rows", "only applies to low-bit weights; with quantization=none leave it unset")
         if self.quantization in ("int8", "int4") and self.enable_deterministic_inference:
             # the low-bit path serves steps of few rows only, so a row's numbers would depend on its batch
             bad("quantization", f"{self.quantization} and enable_deterministic_inference cannot be combined")
@@ -238,8 +241,8 @@ class ServerArgs:
             why = None
             if self.device != "cpu" or self.dtype not in ("auto", "float32"):
                 why = f"needs device=cpu and dtype=float32 or auto (got {self.device}, {self.dtype})"
-            elif self.attention_backend == "torch_native":
-                why = "uses its own C++ attention path for every mode; attention_backend=torch_native conflicts"
+            elif self.attention_backend != "auto":  # refused: silently replacing the choice would hide it
+                why = f"has its own attention kernel, so attention_backend={self.attention_backend} would be ignored"
             elif self.tp_size > 2:
                 # two ranks' partial sums add in one order-free step; with more, the all-reduce's
                 # summation order of an element depends on the tensor's size, i.e. on the batch
@@ -384,15 +387,6 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
-def parse_host_port(addr: str) -> tuple[str, int]:
-    """'host:port' or '[v6addr]:port' -> (host, port); ValueError naming what is wrong."""
-    host, sep, port = addr.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"must be host:port with a port in [1, 65535], got {addr!r}")
-    return host, int(port)
 
 
 def _base_type(annotation: Any) -> type:

@@ -61,3 +61,17 @@ def test_unbuilt_features_are_refused_not_ignored() -> None:
         ServerArgs(speculative_num_draft_tokens=10**9)
     with pytest.raises(ValueError, match="node_rank"):
         ServerArgs(node_rank=3)
+
+
+def test_knobs_that_would_be_ignored_are_refused() -> None:
+    """A knob the run would not use is an error naming it, never a silent no-op."""
+    # deterministic mode runs its own attention kernel: an explicit backend would be replaced
+    for backend in ("cpu_paged", "torch_native"):
+        with pytest.raises(ValueError, match="ServerArgs.enable_deterministic_inference.*attention_backend"):
+            ServerArgs(enable_deterministic_inference=True, attention_backend=backend)
+    assert ServerArgs(enable_deterministic_inference=True).attention_backend == "auto"
+    # float weights only: there is no low-bit copy whose steps quant_max_rows could cap
+    with pytest.raises(ValueError, match="ServerArgs.quant_max_rows"):
+        ServerArgs(quantization="none", quant_max_rows=32)
+    assert ServerArgs(quantization="none").quant_max_rows is None
+    assert ServerArgs(quantization="auto", quant_max_rows=32).quant_max_rows == 32

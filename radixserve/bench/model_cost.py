@@ -63,15 +63,6 @@ def prefill_flops(cfg: Any, model: torch.nn.Module, prompt_len: int, num_reqs: i
     return num_reqs * (linear + attention + lm_head)
 
 
-def decode_flops(cfg: Any, model: torch.nn.Module, batch_size: int, context_len: int) -> float:
-    """FLOPs of one DECODE step: each request one token through every layer, its query against
-    context_len + 1 keys, and one LM-head row."""
-    linear = 2.0 * layer_linear_params(model)
-    attention = 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * (context_len + 1)
-    lm_head = 2.0 * cfg.hidden_size * cfg.vocab_size
-    return batch_size * (linear + attention + lm_head)
-
-
 def kv_bytes_per_token(cfg: Any, dtype: torch.dtype = torch.float32) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * (torch.finfo(dtype).bits // 8)
 

@@ -22,7 +22,8 @@ import torch
 
 from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
-from radixserve.model_executor.model_runner import GenerationBatchResult, ModelRunner
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.model_executor.results import GenerationBatchResult
 from radixserve.sampling.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

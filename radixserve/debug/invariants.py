@@ -7,18 +7,15 @@ step that caused it rather than as a wrong token many steps later.
 from __future__ import annotations
 
 import hashlib
-
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from radixserve.exceptions import InvariantError
 
 if TYPE_CHECKING:
     from radixserve.managers.scheduler import Scheduler
     from radixserve.model_executor.forward_batch_info import ForwardBatch
-
-
-class InvariantError(AssertionError):
-    pass
 
 
 def check_forward_batch(fb: ForwardBatch) -> None:

@@ -21,7 +21,7 @@ from radixserve.debug.trace import StepRecord
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import ScheduleBatch
     from radixserve.managers.scheduler import Scheduler
-    from radixserve.model_executor.model_runner import GenerationBatchResult
+    from radixserve.model_executor.results import GenerationBatchResult
 
 STEP_LOG_SIZE = 512  # records kept: a few seconds of steps on a GPU, a minute or more on a CPU
 MAX_STEPS_PER_SNAPSHOT = 512  # what one answer may carry (= the ring: a snapshot never grows past it)

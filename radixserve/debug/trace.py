@@ -26,7 +26,7 @@ from radixserve.model_executor.forward_batch_info import ForwardMode
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import ScheduleBatch
     from radixserve.managers.scheduler import Scheduler
-    from radixserve.model_executor.model_runner import GenerationBatchResult
+    from radixserve.model_executor.results import GenerationBatchResult
 
 
 @dataclass(slots=True)

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from radixserve.distributed.host_port import parse_host_port
 from radixserve.distributed.rank_layout import RankLayout, stage_layers
-from radixserve.server_args import parse_host_port
 
 PG_PREFIX = "pg/"  # the process group's keys in the shared store (the node monitors use "rs/")
 
@@ -49,10 +49,6 @@ class ParallelState:
     cpu_group: Any = None  # gloo over the world (None = the default group, which is gloo on CPU)
 
     # ------------------------------------------------------------------ tensor parallel (the layers)
-    @property
-    def is_first_rank(self) -> bool:
-        return self.tp_rank == 0
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum partial results of a row-parallel layer over the TP ranks (in place)."""
         if self.tp_size == 1:

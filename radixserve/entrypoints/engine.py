@@ -21,8 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from radixserve.entrypoints.replicas import Replicas, launch_replicas
-from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
-from radixserve.managers.scheduler_process import ShutdownReq
+from radixserve.managers.io_struct import GenerateReqInput, ShutdownReq, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs

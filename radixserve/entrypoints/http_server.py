@@ -54,8 +54,9 @@ from radixserve.entrypoints.serving_chat import OpenAIServingChat
 from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
 from radixserve.entrypoints.serving_generate import NativeServing
 from radixserve.entrypoints.web.routes import add_web_routes
-from radixserve.managers.scheduler_process import ShutdownReq
-from radixserve.managers.tokenizer_manager import SchedulerDied, TokenizerManager
+from radixserve.exceptions import SchedulerDied
+from radixserve.managers.io_struct import ShutdownReq
+from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.metrics import ServerMetrics
 from radixserve.server_args import ServerArgs
 

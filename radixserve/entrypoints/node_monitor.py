@@ -35,9 +35,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from radixserve.distributed.host_port import parse_host_port
 from radixserve.distributed.rank_layout import RankLayout
 from radixserve.managers.scheduler_process import DIST_TIMEOUT_EXIT_CODE, PEER_LOST_EXIT_CODE
-from radixserve.server_args import ServerArgs, parse_host_port
+from radixserve.server_args import ServerArgs
 
 HEARTBEAT_INTERVAL_S = 0.5
 HEARTBEAT_TIMEOUT_S = 10.0  # a node whose launcher is silent this long is gone (machine down, network cut)

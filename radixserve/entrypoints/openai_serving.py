@@ -31,14 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from radixserve.entrypoints.json_bounds import JSONShapeError, check_json_shape
+from radixserve.exceptions import QueueFull, RequestError, SchedulerDied, ServerUnavailable
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
-from radixserve.managers.tokenizer_manager import (
-    QueueFull,
-    RequestError,
-    SchedulerDied,
-    ServerUnavailable,
-    TokenizerManager,
-)
+from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

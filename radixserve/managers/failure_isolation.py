@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed
 
-from radixserve.debug.invariants import InvariantError
+from radixserve.exceptions import FatalSchedulerError, InvariantError
 from radixserve.managers.req import FinishReason
 
 if TYPE_CHECKING:
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
     from radixserve.managers.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-
-class FatalSchedulerError(RuntimeError):
-    """A fault no request can be blamed for (the device or the process itself): stop the server."""
 
 
 # A collective that failed (a peer rank died, hung past --dist-timeout, or the network broke) is no

@@ -81,6 +81,11 @@ class GetRadixTreeReq:
 
 
 @dataclass
+class ShutdownReq:
+    """Stop the scheduler after its current step (the server's and the Engine's shutdown)."""
+
+
+@dataclass
 class RpcOutput:
     """Answer to a control request (flush, server info); rpc_id pairs it with its question, so a
     late answer to a call that timed out is never taken for the answer to the next one."""

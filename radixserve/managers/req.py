@@ -5,7 +5,7 @@ Lengths of a request at any moment (DESIGN section 4):
     origin_input_ids      output_ids
     [p0 p1 ... pP-1]      [o0 o1 ... oN-1]
     |<---------- KV written ---------->|  oN-1 has no KV yet: the next DECODE writes it
-    kv_committed_len = P + N - 1 (after the first token is sampled)
+    kv_len = P + N - 1 (after the first token is sampled)
 
 During a chunked prefill `fill_ids` is the prompt prefix computed so far and
 `prefix_indices` the KV slots the request already holds (tree-owned or its own).
@@ -53,7 +53,6 @@ class Req:
     prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     last_node: Any = None
     req_pool_idx: int | None = None
-    extend_input_len: int = 0
     kv_len: int = 0  # tokens whose KV this request has written (tree-shared part included)
     # tokens of this request that came from the radix cache at its (first) admission
     cached_tokens: int = 0
@@ -75,8 +74,6 @@ class Req:
     sent_len: int = 0
     created_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
-    # Stop strings are checked on decoded text; only the tail can contain a new match.
-    stop_check_len: int = 0
 
     # speculative decoding (speculative/): the proposer's state for this request (an n-gram index, or
     # its row in the draft model's pool), its current draft length, the drafts of the verify step in
@@ -114,7 +111,6 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.req_pool_idx = None
-        self.extend_input_len = 0
         self.kv_len = 0
         self.is_chunked = False
         self.num_retractions += 1

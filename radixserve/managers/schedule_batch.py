@@ -25,6 +25,7 @@ from radixserve.constrained.xgrammar_backend import (
     new_bitmask,
     valid_draft_prefix,
 )
+from radixserve.exceptions import OutOfKVSlots
 from radixserve.managers.req import Req
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
@@ -33,10 +34,6 @@ from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.spec_info import Draft, VerifyInput
-
-
-class OutOfKVSlots(RuntimeError):
-    """The scheduler's budgets said yes but the pool said no (should not happen: a bug)."""
 
 
 @dataclass
@@ -54,9 +51,6 @@ class ScheduleBatch:
     num_extend_reqs: int = 0
     # TARGET_VERIFY with constrained requests: the grammar bitmask of every verified position
     spec_vocab_mask: torch.Tensor | None = None
-
-    def is_empty(self) -> bool:
-        return not self.reqs
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -96,8 +90,6 @@ class ScheduleBatch:
                 self.req_to_token_pool.free(req.req_pool_idx)
                 req.req_pool_idx = None
             raise
-        for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
-            r.extend_input_len = s - p
         self.input_ids = [t for r, p in zip(self.reqs, self.prefix_lens) for t in r.fill_ids[p:]]
         if all(p == 0 for p in self.prefix_lens):
             self.forward_mode = ForwardMode.PREFILL

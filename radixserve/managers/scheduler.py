@@ -19,12 +19,13 @@ from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
+from radixserve.exceptions import OutOfKVSlots
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.req import FinishReason, Req
 from radixserve.managers.request_normalizer import RequestLimits, check_tokenized
-from radixserve.managers.schedule_batch import OutOfKVSlots, ScheduleBatch
+from radixserve.managers.schedule_batch import ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
 from radixserve.managers.server_info import server_info
 from radixserve.mem_cache.chunk_cache import ChunkCache

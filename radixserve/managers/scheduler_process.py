@@ -48,6 +48,7 @@ from radixserve.managers.io_struct import (
     GetRadixTreeReq,
     GetServerInfoReq,
     RpcOutput,
+    ShutdownReq,
     TokenizedGenerateReqInput,
 )
 from radixserve.mem_cache.radix_tree_view import radix_tree_json
@@ -62,10 +63,6 @@ _PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "Connection refu
 class SchedulerPorts:
     to_scheduler: str  # ZMQ address the TokenizerManager pushes requests to
     from_scheduler: str  # ZMQ address the scheduler pushes outputs to
-
-
-class ShutdownReq:
-    pass
 
 
 class SchedulerProcess:
@@ -215,8 +212,8 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
 
 
 if __name__ == "__main__":
-    # Run the module's own copy, not __main__'s: messages pickled by the server name
-    # radixserve.managers.scheduler_process.ShutdownReq, and isinstance() must match that class.
+    # Run the module's own copy, not __main__'s: what the server pickles to this process names
+    # radixserve.managers.scheduler_process.SchedulerPorts, and isinstance() must match that class.
     from radixserve.managers import scheduler_process as _module
 
     _module.run_scheduler_process(*pickle.loads(sys.stdin.buffer.read()))

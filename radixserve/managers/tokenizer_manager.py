@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from radixserve.exceptions import QueueFull, RequestError, SchedulerDied, ServerUnavailable
 from radixserve.managers.data_parallel_controller import DataParallelController
 from radixserve.managers.detokenizer import IncrementalDetokenizer
 from radixserve.managers.io_struct import (
@@ -60,28 +61,6 @@ class ReqState:
 # After this many requests in a row failed while running (500), /health answers 503: the model
 # itself is likely broken, and a supervisor should restart the server.
 UNHEALTHY_AFTER_FAILED_REQUESTS = 8
-
-
-class SchedulerDied(RuntimeError):
-    """The scheduler process is gone (HTTP 503)."""
-
-
-class ServerUnavailable(RuntimeError):
-    """Not accepting new requests (shutting down) or a control call timed out (HTTP 503)."""
-
-
-class QueueFull(RuntimeError):
-    """Too many requests in flight (HTTP 429 with Retry-After)."""
-
-    retry_after_s = 1
-
-
-class RequestError(RuntimeError):
-    """The scheduler rejected or failed one request: `status` is its HTTP status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass

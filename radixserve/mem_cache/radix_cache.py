@@ -261,14 +261,3 @@ class RadixCache(BasePrefixCache):
         self.token_to_kv_pool_allocator.free(self.all_slots())
         self._new_root()
 
-    def pretty(self) -> str:
-        """The tree as indented text, for debugging."""
-        lines: list[str] = []
-
-        def walk(node: TreeNode, depth: int) -> None:
-            for child in sorted(node.children.values(), key=lambda n: n.id):
-                lines.append(f"{'  ' * depth}{child.key} lock={child.lock_ref} t={child.last_access}")
-                walk(child, depth + 1)
-
-        walk(self.root, 0)
-        return "\n".join(lines)

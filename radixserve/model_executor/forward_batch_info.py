@@ -53,9 +53,6 @@ class ForwardMode(IntEnum):
     TARGET_VERIFY = auto()  # k draft tokens + 1 per request, causal among themselves, against history
     IDLE = auto()  # no work, but this rank must still join collectives
 
-    def is_prefill(self) -> bool:
-        return self == ForwardMode.PREFILL
-
     def is_extend(self) -> bool:
         """Any mode whose requests may carry more than one query token (the EXTEND family)."""
         return self in (ForwardMode.PREFILL, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
@@ -101,12 +98,11 @@ class ModelWorkerBatch:
     # prompt tokens whose logprobs are wanted); the scheduler knows the prompt, the runner does not.
     prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
-    spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (see speculative/ngram.py)
+    spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (speculative/spec_info.py VerifyInput)
     # MIXED: the first this many requests are prefill chunks, the rest decodes (a 1-token chunk after a
     # prefix is still prefill: its attention must run the kernel its prompt's other tokens ran). None =
     # by shape: a request with one new token after a prefix is a decode
     num_extend_reqs: int | None = None
-    spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (speculative/spec_info.py VerifyInput)
     # also return the distribution each row was drawn from (SampleOutput.probs: a draft model's q)
     return_probs: bool = False
     # Constrained decoding: xgrammar's bitmask int32 [rows, ceil(vocab / 32)] of the allowed next tokens,
@@ -134,7 +130,6 @@ class ForwardBatch:
     req_pool_indices: torch.Tensor  # [bs] int64
     seq_lens: torch.Tensor  # [bs] int64
     seq_lens_cpu: list[int]
-    seq_lens_sum: int
     extend_seq_lens: torch.Tensor  # [bs] new tokens per request (1 for decode)
     extend_prefix_lens: torch.Tensor  # [bs] cached tokens per request
     extend_start_loc: torch.Tensor  # [bs] offset of each request's first new token in input_ids
@@ -208,7 +203,6 @@ class ForwardBatch:
             req_pool_indices=torch.tensor(batch.req_pool_indices, dtype=torch.int64).to(device),
             seq_lens=seq_lens.to(device),
             seq_lens_cpu=seq_lens_cpu,
-            seq_lens_sum=sum(seq_lens_cpu),
             extend_seq_lens=extend_lens.to(device),
             extend_prefix_lens=torch.tensor(prefix_cpu, dtype=torch.int64).to(device),
             extend_start_loc=start_loc.to(device),

@@ -21,8 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-
 from typing import Any
 
 import torch
@@ -54,6 +52,8 @@ from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch, PPProxyTensors
+from radixserve.model_executor.pipeline_stage import PipelineStage
+from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
 from radixserve.model_loader import get_model_config, iterate_weights, model_kind
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
@@ -75,25 +75,6 @@ def resolve_dtype(name: str, device: torch.device, deterministic: bool = False) 
     if not deterministic and native_bf16_matmul() and onednn_linear_available(torch.bfloat16):
         return torch.bfloat16
     return torch.float32
-
-
-@dataclass
-class SampleOutput:
-    # [bs] int64; TARGET_VERIFY: one per verified row (sum(1 + k_i)), of which each request's first
-    # accept_lens[i] + 1 are the tokens it produced (layers/rejection_sampler.py)
-    next_token_ids: torch.Tensor
-    next_token_logprobs: list[float] | None = None  # logprob of the chosen token (raw distribution), per row
-    top_logprobs: list[list[tuple[int, float]]] | None = None  # per row: [(token id, logprob)] * k
-    accept_lens: list[int] | None = None  # TARGET_VERIFY: drafts kept per request
-    # ModelWorkerBatch.return_probs: [bs, vocab] the distribution each row was drawn from (a draft's q)
-    probs: torch.Tensor | None = None
-
-
-@dataclass
-class GenerationBatchResult:
-    logits_output: LogitsProcessorOutput
-    sample_output: SampleOutput
-    forward_batch: ForwardBatch
 
 
 class ModelRunner:
@@ -150,8 +131,6 @@ class ModelRunner:
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.pipeline = None
         if self.pp_size > 1:
-            from radixserve.model_executor.pipeline_stage import PipelineStage  # it imports this module's results
-
             self.pipeline = PipelineStage(self)
 
     # ------------------------------------------------------------------ init

@@ -31,7 +31,7 @@ import torch
 
 from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
-from radixserve.model_executor.model_runner import GenerationBatchResult, SampleOutput
+from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
 
 if TYPE_CHECKING:
     from radixserve.model_executor.model_runner import ModelRunner

@@ -73,7 +73,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # only True: verify() says why False is refused
     no_stop_trim: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
@@ -161,6 +161,11 @@ class SamplingParams:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool, got {value!r}")  # noqa: TRY004
+        if not self.spaces_between_special_tokens:
+            # Refused rather than ignored: the fast tokenizers radixserve loads decide the spacing around
+            # special tokens themselves (HF's flag only changes slow tokenizers), so false would change nothing.
+            raise ValueError("spaces_between_special_tokens: only true (the default) is supported; special tokens "
+                             "are decoded as the model's fast tokenizer writes them")
 
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")

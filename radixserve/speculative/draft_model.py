@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixserve.debug.invariants import InvariantError
+from radixserve.exceptions import InvariantError
 from radixserve.managers.failure_isolation import is_fatal
 from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch

@@ -33,9 +33,6 @@ class SpeculativeAlgorithm(Enum):
     def is_ngram(self) -> bool:
         return self is SpeculativeAlgorithm.NGRAM
 
-    def is_draft_model(self) -> bool:
-        return self is SpeculativeAlgorithm.DRAFT_MODEL
-
 
 @dataclass
 class Draft:

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from radixserve.constrained.grammar_queue import GrammarQueue
-from radixserve.managers.schedule_batch import OutOfKVSlots
+from radixserve.exceptions import OutOfKVSlots
 from radixserve.speculative.ngram import NgramProposer
 from radixserve.speculative.spec_info import Draft
 
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from radixserve.managers.req import Req
     from radixserve.managers.schedule_batch import ScheduleBatch
     from radixserve.managers.scheduler import Scheduler
-    from radixserve.model_executor.model_runner import ModelRunner, SampleOutput
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.model_executor.results import SampleOutput
     from radixserve.server_args import ServerArgs
     from radixserve.speculative.proposer import DraftProposer
 

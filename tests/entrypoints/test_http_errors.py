@@ -31,6 +31,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {"max_tokens": 1}, 400, "prompt"),
     ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": -1}}, 400, "max_new_tokens"),
     ("/generate", {"text": "Hi", "sampling_params": {"bogus": 1}}, 400, None),
+    ("/generate", {"text": "Hi", "sampling_params": {"spaces_between_special_tokens": False}}, 400,
+     "spaces_between_special_tokens"),  # refused, not ignored (SamplingParams.verify says why)
     ("/abort_request", {}, 400, "rid"),
 ]
 

@@ -288,7 +288,7 @@ def run_step(backend, mode: ForwardMode, reqs: list[tuple[int, int]], layers: li
         forward_mode=mode, batch_size=nb, input_ids=torch.zeros(n, dtype=torch.int64),
         positions=torch.cat([torch.arange(p, s) for p, s in zip(pres, seqs)]),
         req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(seqs), seq_lens_cpu=seqs,
-        seq_lens_sum=sum(seqs), extend_seq_lens=torch.tensor(exts), extend_prefix_lens=torch.tensor(pres),
+        extend_seq_lens=torch.tensor(exts), extend_prefix_lens=torch.tensor(pres),
         extend_start_loc=starts, extend_seq_lens_cpu=exts, extend_prefix_lens_cpu=pres,
         out_cache_loc=torch.cat([sl[p:] for sl, p in zip(slots, pres)]), req_to_token_pool=rtt,
         token_to_kv_pool=pool, sampling_info=None, num_extend_reqs=num_extend_reqs(mode, reqs),

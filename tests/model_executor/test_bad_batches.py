@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixserve.exceptions import OutOfKVSlots
 from radixserve.managers.req import Req
-from radixserve.managers.schedule_batch import OutOfKVSlots, ScheduleBatch
+from radixserve.managers.schedule_batch import ScheduleBatch
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 from tests.model_executor.hand_batch import GREEDY

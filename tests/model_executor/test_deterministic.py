@@ -147,7 +147,8 @@ def test_varlen_kernel_rejects_bad_tables(field, value, message):
 
 # ------------------------------------------------------------------------------ start-up
 @pytest.mark.parametrize("bad", [{"device": "cuda"}, {"dtype": "bfloat16"},
-                                 {"attention_backend": "torch_native"}, {"tp_size": 4}])
+                                 {"attention_backend": "torch_native"}, {"attention_backend": "cpu_paged"},
+                                 {"tp_size": 4}])
 def test_server_args_refuse_what_the_mode_cannot_honour(bad):
     with pytest.raises(ValueError, match="ServerArgs.enable_deterministic_inference"):
         ServerArgs(enable_deterministic_inference=True, **bad)

@@ -57,6 +57,7 @@ INVALID: list[tuple[str, Any, dict[str, Any]]] = [
     ("seed", True, {}),
     ("ignore_eos", "yes", {}),
     ("skip_special_tokens", 1, {}),
+    ("spaces_between_special_tokens", False, {}),  # refused, not ignored: the fast tokenizer decides
     ("no_stop_trim", None, {}),
 ]
 

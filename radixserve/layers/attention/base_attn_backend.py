@@ -33,18 +33,12 @@ class AttentionBackend(ABC):
         k = k.view(n, layer.num_kv_heads, layer.head_dim)
         v = v.view(n, layer.num_kv_heads, layer.head_dim)
         forward_batch.token_to_kv_pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        if forward_batch.forward_mode.is_decode():
-            out = self.forward_decode(q, k, v, layer, forward_batch)
-        else:
-            out = self.forward_extend(q, k, v, layer, forward_batch)
-        return out.reshape(n, layer.num_heads * layer.head_dim)
+        return self.attend(q, k, v, layer, forward_batch).reshape(n, layer.num_heads * layer.head_dim)
 
+    # One entry for every forward mode, not one per mode: each backend picks its paths per request
+    # from the metadata init_forward_metadata derived (MIXED holds decodes and prefills in one step).
     @abstractmethod
-    def forward_decode(
+    def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
-    ) -> torch.Tensor: ...
-
-    @abstractmethod
-    def forward_extend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
-    ) -> torch.Tensor: ...
+    ) -> torch.Tensor:
+        """q [n, num_heads, head_dim], k/v [n, num_kv_heads, head_dim] (already in the pool) -> like q."""

@@ -58,17 +58,9 @@ class BatchInvariantAttnBackend(AttentionBackend):
             fb.extend_seq_lens.contiguous(),
         )
 
-    def forward_decode(
+    def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
     ) -> torch.Tensor:
-        return self._run(q, layer, fb)
-
-    def forward_extend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
-    ) -> torch.Tensor:
-        return self._run(q, layer, fb)
-
-    def _run(self, q: torch.Tensor, layer: RadixAttention, fb: ForwardBatch) -> torch.Tensor:
         q = q.contiguous()  # [n, heads, head_dim]
         out = torch.empty_like(q)
         md: VarlenMetadata | None = fb.attn_metadata

@@ -211,17 +211,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         return RaggedItem(start, ext, kv_indices, mask, pre)
 
     # ------------------------------------------------------------ compute
-    def forward_decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
-    ) -> torch.Tensor:
-        return self._run(q, k, v, layer, fb)
-
-    def forward_extend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
-    ) -> torch.Tensor:
-        return self._run(q, k, v, layer, fb)
-
-    def _run(
+    def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
     ) -> torch.Tensor:
         md: TorchNativeMetadata = fb.attn_metadata
