@@ -156,7 +156,7 @@ def print_roofline(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radixserve bench roofline", description=__doc__.split("\n")[0])
     p.add_argument("--model-path", default=None, help="model whose linear shapes to time (default: embedded)")
     p.add_argument("--rows", type=parse_int_list, default=DEFAULT_ROWS, help="row counts (tokens per matmul)")
@@ -166,7 +166,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", default=None, help="write the results here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from radixserve.model_loader import default_model_path, get_model_config

@@ -56,7 +56,8 @@ def _inspect(args: argparse.Namespace) -> None:
     inspect_trace(args.file, limit=args.limit, show_tokens=args.tokens)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line (also what tests/test_docs.py checks every documented command against)."""
     from radixserve.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="radixserve", description="LLM serving engine on PyTorch")
@@ -88,8 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("name")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=lambda a: _bench(a.name, a.rest))
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     args.func(args)
 
 
