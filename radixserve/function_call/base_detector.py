@@ -76,6 +76,16 @@ class BaseDetector:
         self.tools = tools
         self.schemas = function_defs(tools)
         self.calls: list[ToolCall] = []
+        self._opened = 0  # calls opened so far: a dropped call's index is never reused (a stream saw it)
+
+    def open_call(self, name: str) -> ToolCall | None:
+        """A new call of `name` (None, and nothing to stream, for a function not in tools)."""
+        if not self.known(name):
+            return None
+        call = ToolCall(self._opened, new_call_id(), name)
+        self._opened += 1
+        self.calls.append(call)
+        return call
 
     @classmethod
     def create(cls, name: str, tools: list[dict[str, Any]] | None = None) -> BaseDetector:

@@ -23,7 +23,6 @@ from radixserve.function_call.base_detector import (
     BaseDetector,
     ToolCall,
     ToolCallDelta,
-    new_call_id,
     partial_marker_len,
 )
 
@@ -105,10 +104,8 @@ class JsonDetector(BaseDetector):
                     return False
                 return False  # the head is still arriving
             name = json.loads(f'"{m.group(1)}"')
-            self._cur = None
-            if self.known(name):
-                self._cur = ToolCall(len(self.calls), new_call_id(), name)
-                self.calls.append(self._cur)
+            self._cur = self.open_call(name)
+            if self._cur is not None:
                 deltas.append(ToolCallDelta(self._cur.index, self._cur.id, name, ""))
             self._buf, self._state = buf[m.end() :], "args"
             self._depth, self._in_str, self._esc = 0, False, False

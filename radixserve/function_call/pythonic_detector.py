@@ -23,7 +23,6 @@ from radixserve.function_call.base_detector import (
     BaseDetector,
     ToolCall,
     ToolCallDelta,
-    new_call_id,
 )
 from radixserve.function_call.python_literal import parse_literal
 
@@ -175,9 +174,8 @@ class PythonicDetector(BaseDetector):
     def _open(self, name: str, deltas: list[ToolCallDelta]) -> None:
         self._state, self._arg, self._keys, self._bad, self._cur = "args", "", set(), False, None
         self._depth, self._quote, self._esc = 0, "", False
-        if self.known(name):
-            self._cur = ToolCall(len(self.calls), new_call_id(), name)
-            self.calls.append(self._cur)
+        self._cur = self.open_call(name)
+        if self._cur is not None:
             deltas.append(ToolCallDelta(self._cur.index, self._cur.id, name, ""))
 
     def _scan(self) -> str | None:

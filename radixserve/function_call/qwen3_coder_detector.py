@@ -30,7 +30,6 @@ from radixserve.function_call.base_detector import (
     BaseDetector,
     ToolCall,
     ToolCallDelta,
-    new_call_id,
     partial_marker_len,
     tools_json_lines,
 )
@@ -217,10 +216,9 @@ class Qwen3CoderDetector(BaseDetector):
         return True
 
     def _open(self, name: str, deltas: list[ToolCallDelta]) -> None:
-        self._fn, self._nparams, self._state, self._cur = name, 0, "params", None
-        if self.known(name):
-            self._cur = ToolCall(len(self.calls), new_call_id(), name)
-            self.calls.append(self._cur)
+        self._fn, self._nparams, self._state = name, 0, "params"
+        self._cur = self.open_call(name)
+        if self._cur is not None:
             deltas.append(ToolCallDelta(self._cur.index, self._cur.id, name, ""))
 
     # ------------------------------------------------------------------ enforcing
