@@ -111,6 +111,7 @@ class Qwen3CoderDetector(BaseDetector):
         self._fn = ""  # the function being read (its call may be skipped: unknown name)
         self._param = ""
         self._nparams = 0
+        self._seen = 0  # how much of the current value has been searched for its end
 
     # ------------------------------------------------------------------ parsing
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
@@ -203,9 +204,12 @@ class Qwen3CoderDetector(BaseDetector):
             self._state = "text"
             return True
         # value: up to </parameter> (or a </function> that closes it early)
-        ends = [i for i in (buf.find(P_END), buf.find(FN_END)) if i >= 0]
+        # the search resumes where the last one stopped (a long value arriving in small deltas)
+        ends = [i for i in (buf.find(P_END, self._seen), buf.find(FN_END, self._seen)) if i >= 0]
         if not ends:
+            self._seen = max(0, len(buf) - len(P_END))
             return False
+        self._seen = 0
         end = min(ends)
         value = convert_value(buf[:end], param_type(self.schemas.get(self._fn, {}), self._param))
         prefix = ", " if self._nparams else "{"

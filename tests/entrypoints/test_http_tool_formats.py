@@ -53,11 +53,11 @@ def _stream_calls(client, **kw) -> tuple[dict[int, dict], str | None, str]:
 
 
 def test_required_and_named_calls_parse_and_validate(fmt_server) -> None:
-    fmt, srv = fmt_server
+    _fmt, srv = fmt_server
     client = _client(srv)
     for choice in ("required", {"type": "function", "function": {"name": "add"}}):
-        kw = dict(model="smol", messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0.0, max_tokens=200,
-                  parallel_tool_calls=False)
+        kw = {"model": "smol", "messages": ASK, "tools": TOOLS, "tool_choice": choice, "temperature": 0.0,
+              "max_tokens": 200, "parallel_tool_calls": False}
         r = client.chat.completions.create(**kw)
         ch = r.choices[0]
         assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
@@ -75,7 +75,7 @@ def test_required_and_named_calls_parse_and_validate(fmt_server) -> None:
 
 
 def test_the_prompt_teaches_the_format_and_history_round_trips(fmt_server) -> None:
-    fmt, srv = fmt_server
+    _fmt, srv = fmt_server
     client = _client(srv)
     first = client.chat.completions.create(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
                                            temperature=0, max_tokens=200)
@@ -114,7 +114,7 @@ def test_absurd_tool_lists_are_400s_and_the_server_goes_on(fmt_server, body, nee
 
 def test_unknown_parser_name_stops_the_start_listing_the_known_ones() -> None:
     proc = subprocess.run([sys.executable, "-m", "radixserve", "serve", "--tool-call-parser", "qwen4_xml"],
-                          capture_output=True, text=True, timeout=300)
+                          check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "ServerArgs.tool_call_parser" in proc.stderr and "qwen4_xml" in proc.stderr
     assert all(name in proc.stderr for name in TOOL_CALL_PARSERS)

@@ -24,18 +24,18 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 W_ARGS = {"city": 'Pa"ris, <b>(x)', "days": [1, {"n": 2}]}
 # a text per format: content around two calls, the second after the first
 CASES = {
-    "hermes": ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris, <b>(x)", '
-               '"days": [1, {"n": 2}]}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
+    "hermes": (('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris, <b>(x)", '
+               '"days": [1, {"n": 2}]}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'),
                "Let me check."),
-    "llama3": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Pa\\"ris, <b>(x)", "days": [1, {"n": 2}]}}; '
-               '{"name": "add", "parameters": {"a": 1}}', ""),
-    "mistral": ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Pa\\"ris, <b>(x)", "days": [1, {"n": 2}]}}, '
-                '{"name": "add", "arguments": {"a": 1}}]', ""),
-    "gemma3": ('{"name": "get_weather", "parameters": {"city": "Pa\\"ris, <b>(x)", "days": [1, {"n": 2}]}}\n'
-               '{"name": "add", "parameters": {"a": 1}}', ""),
-    "qwen3_coder": ("I will look it up.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa\"ris, <b>(x)\n"
+    "llama3": (('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Pa\\"ris, <b>(x)", "days": [1, {"n": 2}]}}; '
+               '{"name": "add", "parameters": {"a": 1}}'), ""),
+    "mistral": (('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Pa\\"ris, <b>(x)", "days": [1, {"n": 2}]}}, '
+                '{"name": "add", "arguments": {"a": 1}}]'), ""),
+    "gemma3": (('{"name": "get_weather", "parameters": {"city": "Pa\\"ris, <b>(x)", "days": [1, {"n": 2}]}}\n'
+               '{"name": "add", "parameters": {"a": 1}}'), ""),
+    "qwen3_coder": (("I will look it up.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa\"ris, <b>(x)\n"
                     "</parameter>\n<parameter=days>\n[1, {\"n\": 2}]\n</parameter>\n</function>\n</tool_call>\n"
-                    "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>",
+                    "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"),
                     "I will look it up."),
     "pythonic": ("Sure: [get_weather(city='Pa\"ris, <b>(x)', days=[1, {'n': 2}]), add(a=1)] done", "Sure:  done"),
 }
@@ -133,7 +133,7 @@ def test_malformed_calls_never_raise(fmt, text, names, content) -> None:
 def test_random_text_never_raises(fmt, junk) -> None:
     text = CASES[fmt][0]
     for t in (junk, text[: len(junk)] + junk, junk + text):
-        content, calls = create_detector(fmt, TOOLS).parse(t)
+        _content, calls = create_detector(fmt, TOOLS).parse(t)
         for c in calls:
             json.loads(c.arguments)  # whatever is returned as a call is JSON
 
