@@ -63,8 +63,9 @@ class ServerArgs:
     linear_backend: str = _knob("auto", "auto | torch | onednn: projections' GEMM (auto = oneDNN packed on CPU float32)")
     quantization: str = _knob(
         "auto", "auto | none | int8 | int4: low-bit weights run by the C++ integer kernels with block-quantised "
-        "int8 activations (which steps: quant_max_rows). auto = a GGUF's own Q8_0 / Q4_0 / Q4_1 blocks kept as "
-        "they are (other low-bit types re-quantised to the nearest of Q8_0 / Q4_1, float tensors kept float), "
+        "int8 activations (which steps: quant_max_rows). auto = a GGUF's own blocks kept exactly (Q4_0..Q8_0, "
+        "K-quants, IQ4; IQ1-3, TQ, MXFP4 re-quantised to Q4_1; float tensors kept float: "
+        "docs/kernels_and_precision.md), "
         "none for Hugging Face folders, GPUs and deterministic mode; int8 / int4 quantise float weights at load "
         "(Q8_0 / Q4_1, 32-blocks). none = float only, the exact mode. CPU only"
     )

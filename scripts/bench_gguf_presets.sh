@@ -5,7 +5,8 @@
 # and batch-1 decode / prefill 512 beside llama-bench (bench peer).
 #   bash scripts/bench_gguf_presets.sh LLAMA_BIN_DIR [OUT_DIR] [PRESETS]
 # LLAMA_BIN_DIR holds llama-quantize, llama-bench and llama-server (shared/peers/build_llamacpp.sh). Quiet
-# machine only; ~3 min a preset on 2 cores.
+# machine only; ~3 min a preset on 2 cores. PARTS=check runs only the noise-proof parts (quantize, the oracle,
+# the drift), PARTS=speed only the timing (which alone needs a quiet machine); default both.
 set -u
 cd "$(dirname "$0")/.."
 source "${VENV:-.venv}/bin/activate"
@@ -20,6 +21,7 @@ F32="$O/smollm2-f32.gguf"
 for P in ${PRESETS//,/ }; do
   G="$O/smollm2-$P.gguf"
   [ -f "$G" ] || "$BIN/llama-quantize" "$F32" "$G" "$P" > "$O/quantize-$P.log" 2>&1 || { log "$P: quantize failed"; continue; }
+  if [ "${PARTS:-all}" != speed ]; then
   log "$P: exact mode vs transformers"
   python - "$G" > "$O/oracle-$P.txt" 2>&1 <<'PY'
 import os, sys, torch
@@ -40,6 +42,8 @@ PY
   log "$P: accuracy (with llama.cpp's drift)"
   radixserve bench accuracy --model-path "$G" --formats auto --num-prompts 10 --max-new-tokens 24 --threads 2 \
     --llama-server "$BIN/llama-server" --json "$O/accuracy-$P.json" > "$O/accuracy-$P.txt" 2>&1
+  fi
+  [ "${PARTS:-all}" = check ] && continue
   log "$P: speed against llama-bench"
   radixserve bench peer --llama-bench "$BIN/llama-bench" --model-path "$G" --threads 2 --formats auto --repeats 3 \
     --json "$O/peer-$P.json" > "$O/peer-$P.txt" 2>&1
