@@ -13,6 +13,8 @@ from typing import Any, get_args, get_origin
 
 from radixserve.distributed.host_port import parse_host_port
 from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
+from radixserve.model_loader.chat_template import read_chat_template
+from radixserve.model_loader.default_model import default_model_path
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 API_KEY_ENV = "RADIXSERVE_API_KEY"
@@ -330,8 +332,6 @@ class ServerArgs:
         if self.log_level.lower() not in LOG_LEVELS:
             bad("log_level", f"must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if self.chat_template is not None:  # a bad file fails the start, never a request
-            from radixserve.model_loader.chat_template import read_chat_template
-
             read_chat_template(self.chat_template)
 
     @property
@@ -350,8 +350,6 @@ class ServerArgs:
     def resolved_model_path(self) -> str:
         if self.model_path is not None:
             return self.model_path
-        from radixserve.model_loader.default_model import default_model_path
-
         return default_model_path()
 
     def model_name(self) -> str:
