@@ -12,11 +12,11 @@ __all__ = ["Engine", "ServerArgs"]
 def __getattr__(name: str) -> Any:
     # Lazy: `import radixserve` stays cheap (no torch) until an Engine is asked for.
     if name == "Engine":
-        from radixserve.entrypoints.engine import Engine
+        from radixserve.entrypoints.engine import Engine  # lazy: `import radixserve` must not pull torch
 
         return Engine
     if name == "ServerArgs":
-        from radixserve.server_args import ServerArgs
+        from radixserve.server_args import ServerArgs  # lazy: the package's __getattr__, as for Engine
 
         return ServerArgs
     raise AttributeError(name)

@@ -11,27 +11,30 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_origin
 
-from radixserve.distributed.host_port import parse_host_port
 from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
+from radixserve.model_loader.default_model import default_model_path
+from radixserve.server_args_checks import (  # re-exported: the accepted values live beside their checks
+    API_KEY_ENV,
+    GRAMMAR_BACKENDS,
+    KV_CACHE_DTYPES,
+    LOAD_BALANCE_METHODS,
+    LOG_LEVELS,
+    MAX_DP_SIZE,
+    MAX_PROCESSES,
+    MAX_RANKS,
+    QUANTIZATION_MODES,
+    SCHEDULE_POLICIES,
+    SPECULATIVE_ALGORITHMS,
+    check_server_args,
+)
+from radixserve.server_args_checks import DEFAULT_MEM_FRACTION as _DEFAULT_MEM_FRACTION
 
-SCHEDULE_POLICIES = ("fcfs", "lpm")
-API_KEY_ENV = "RADIXSERVE_API_KEY"
+__all__ = ["API_KEY_ENV", "GRAMMAR_BACKENDS", "KV_CACHE_DTYPES", "LOAD_BALANCE_METHODS", "LOG_LEVELS", "MAX_DP_SIZE",
+           "MAX_PROCESSES", "MAX_RANKS", "QUANTIZATION_MODES", "SCHEDULE_POLICIES", "SPECULATIVE_ALGORITHMS", "ServerArgs"]
 
 
 def _knob(default: Any, help: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, **extra})
-
-
-MAX_RANKS = 64  # tp_size * pp_size per replica: one process per rank, so an absurd value must not fork-bomb the host
-MAX_DP_SIZE = 64  # replicas (each tp_size * pp_size processes): an absurd value must not fork-bomb the host
-MAX_PROCESSES = 256  # scheduler processes of one server, all replicas' ranks together
-LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # managers/data_parallel_controller.py
-QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
-GRAMMAR_BACKENDS = ("xgrammar", "none")
-SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-_DEFAULT_MEM_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -203,137 +206,7 @@ class ServerArgs:
     show_progress: bool = _knob(True, "tqdm bar for large offline batches")
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> None:
-            raise ValueError(f"ServerArgs.{name}: {why}")
-
-        if self.api_key is None and os.environ.get(API_KEY_ENV):
-            object.__setattr__(self, "api_key", os.environ[API_KEY_ENV])  # frozen: set once, here
-        if self.request_timeout is not None and self.request_timeout <= 0:
-            object.__setattr__(self, "request_timeout", None)
-        for name in ("max_queued_requests", "max_request_body_bytes", "max_prompts_per_request", "max_n",
-                     "max_stop_strings", "max_stop_string_len", "max_logit_bias"):
-            if getattr(self, name) < 1:
-                bad(name, "must be >= 1")
-        if self.max_top_logprobs < 0:
-            bad("max_top_logprobs", "must be >= 0")
-        if not self.rpc_timeout > 0 or not self.graceful_shutdown_timeout >= 0:
-            bad("rpc_timeout", "rpc_timeout must be > 0 and graceful_shutdown_timeout >= 0")
-
-        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
-            bad("dtype", f"must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            bad("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            bad("device", f"must be cpu or cuda, got {self.device!r}")
-        if self.attention_backend not in ("auto", "torch_native", "cpu_paged"):
-            bad("attention_backend", f"must be auto, torch_native or cpu_paged, got {self.attention_backend!r}")
-        if self.linear_backend not in ("auto", "torch", "onednn"):
-            bad("linear_backend", f"must be auto, torch or onednn, got {self.linear_backend!r}")
-        if self.quantization not in QUANTIZATION_MODES:
-            bad("quantization", f"must be auto, none, int8 or int4, got {self.quantization!r}")
-        if self.quantization in ("int8", "int4") and self.device != "cpu":
-            bad("quantization", f"{self.quantization} runs on the CPU (device=cpu)")
-        if self.quant_max_rows is not None and not 1 <= self.quant_max_rows <= 1 << 20:
-            bad("quant_max_rows", f"must be in [1, {1 << 20}] or None (auto), got {self.quant_max_rows}")
-        if self.quant_max_rows is not None and self.quantization == "none":  # there is no low-bit copy to cap
-            bad("quant_max_rows", "only applies to low-bit weights; with quantization=none leave it unset")
-        if self.quantization in ("int8", "int4") and self.enable_deterministic_inference:
-            # the low-bit path serves steps of few rows only, so a row's numbers would depend on its batch
-            bad("quantization", f"{self.quantization} and enable_deterministic_inference cannot be combined")
-        if self.enable_deterministic_inference:
-            why = None
-            if self.device != "cpu" or self.dtype not in ("auto", "float32"):
-                why = f"needs device=cpu and dtype=float32 or auto (got {self.device}, {self.dtype})"
-            elif self.attention_backend != "auto":  # refused: silently replacing the choice would hide it
-                why = f"has its own attention kernel, so attention_backend={self.attention_backend} would be ignored"
-            elif self.tp_size > 2:
-                # two ranks' partial sums add in one order-free step; with more, the all-reduce's
-                # summation order of an element depends on the tensor's size, i.e. on the batch
-                why = f"supports tp_size <= 2 (got {self.tp_size})"
-            if why:
-                bad("enable_deterministic_inference", why)
-        if self.page_size < 1:
-            bad("page_size", "must be >= 1")
-        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
-            bad("max_total_tokens", "too small to hold even one page")
-        if self.max_running_requests < 1:
-            bad("max_running_requests", "must be >= 1")
-        if self.max_prefill_tokens < 1:
-            bad("max_prefill_tokens", "must be >= 1")
-        if self.schedule_policy not in SCHEDULE_POLICIES:
-            bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        for name in ("tp_size", "pp_size", "dp_size", "nnodes"):
-            if getattr(self, name) < 1:
-                bad(name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("tp_size", "pp_size"):
-            if getattr(self, name) > MAX_RANKS:
-                bad(name, f"must be <= {MAX_RANKS}, got {getattr(self, name)}")
-        if self.ranks_per_replica > MAX_RANKS:
-            bad("pp_size", f"tp_size * pp_size must be <= {MAX_RANKS}, got {self.tp_size} * {self.pp_size}")
-        if self.dp_size > MAX_DP_SIZE or self.ranks_per_replica * self.dp_size > MAX_PROCESSES:
-            bad("dp_size", f"must be <= {MAX_DP_SIZE} with dp_size * tp_size * pp_size <= {MAX_PROCESSES} scheduler "
-                f"processes, got dp_size {self.dp_size} x {self.ranks_per_replica} ranks")
-        if self.load_balance_method not in LOAD_BALANCE_METHODS:
-            bad("load_balance_method", f"must be one of {LOAD_BALANCE_METHODS}, got {self.load_balance_method!r}")
-        if self.dp_size > 1 and self.device.startswith("cuda:"):
-            bad("device", f"with dp_size > 1 give device=cuda (replica k takes GPUs k*tp_size ..), got {self.device!r}")
-        if self.dp_size > 1 and self.nnodes > 1:
-            bad("dp_size", "data parallel across machines (nnodes > 1) is not supported: run one server per "
-                "machine behind a router, or dp_size 1")
-        if self.ranks_per_replica % self.nnodes:
-            bad("nnodes", f"tp_size * pp_size ({self.ranks_per_replica}) must be a multiple of nnodes "
-                f"({self.nnodes}): every node runs the same number of ranks")
-        if self.dist_init_addr is not None:
-            try:
-                parse_host_port(self.dist_init_addr)
-            except ValueError as e:
-                bad("dist_init_addr", str(e))
-        elif self.nnodes > 1:
-            bad("dist_init_addr", "required when nnodes > 1 (host:port of node 0, reachable from every node)")
-        if not 5 <= self.dist_timeout <= 86400:
-            bad("dist_timeout", f"must be in [5, 86400] seconds, got {self.dist_timeout}")
-        if not 1 <= self.dist_init_timeout <= 3600:
-            bad("dist_init_timeout", f"must be in [1, 3600] seconds, got {self.dist_init_timeout}")
-        if isinstance(self.speculative_algorithm, str) and self.speculative_algorithm.lower() == "none":
-            object.__setattr__(self, "speculative_algorithm", None)  # the CLI spells None as a string
-        if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
-            bad("speculative_algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, got {self.speculative_algorithm!r}")
-        if self.speculative_algorithm == "draft_model" and not self.speculative_draft_model_path:
-            bad("speculative_draft_model_path", "speculative_algorithm draft_model needs a draft model path")
-        if self.speculative_draft_model_path and self.speculative_algorithm != "draft_model":
-            bad("speculative_draft_model_path", "is only used with speculative_algorithm draft_model, got "
-                f"{self.speculative_algorithm!r}")
-        if self.speculative_algorithm == "draft_model" and self.ranks_per_replica > 1:
-            # each rank would draw its own drafts; the draft runner is single-rank
-            bad("speculative_algorithm", f"draft_model supports one rank per replica (got tp_size {self.tp_size}, "
-                f"pp_size {self.pp_size})")
-        if not 1 <= self.speculative_ngram_min_match_window <= self.speculative_ngram_max_match_window <= 64:
-            bad("speculative_ngram_min_match_window", "need 1 <= min <= max <= 64, got "
-                f"{self.speculative_ngram_min_match_window} / {self.speculative_ngram_max_match_window}")
-        if not 1 <= self.speculative_num_draft_tokens <= 16:
-            bad("speculative_num_draft_tokens", f"must be in [1, 16], got {self.speculative_num_draft_tokens}")
-        if self.grammar_backend not in GRAMMAR_BACKENDS:
-            bad("grammar_backend", f"must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
-        if not 1 <= self.grammar_cache_size <= 100_000:
-            bad("grammar_cache_size", f"must be in [1, 100000], got {self.grammar_cache_size}")
-        if not 0 < self.grammar_compile_timeout <= 3600:
-            bad("grammar_compile_timeout", f"must be in (0, 3600] seconds, got {self.grammar_compile_timeout}")
-        if self.tool_call_parser not in TOOL_CALL_PARSERS:
-            bad("tool_call_parser", f"unknown format {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
-        if not 0 <= self.node_rank < self.nnodes:
-            bad("node_rank", f"must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
-        if self.context_length is not None and self.context_length < 2:
-            bad("context_length", "must be >= 2")
-        if not 0 < self.mem_fraction_static <= 1:
-            bad("mem_fraction_static", "must be in (0, 1]")
-        if self.device == "cpu" and self.mem_fraction_static != _DEFAULT_MEM_FRACTION:  # read on CUDA only
-            bad("mem_fraction_static", "sizes a GPU's KV pool; on a CPU the pool is capped by cpu_kv_cache_gb")
-        if self.log_level.lower() not in LOG_LEVELS:
-            bad("log_level", f"must be one of {LOG_LEVELS}, got {self.log_level!r}")
-        if self.chat_template is not None:  # a bad file fails the start, never a request
-            from radixserve.model_loader.chat_template import read_chat_template
-
-            read_chat_template(self.chat_template)
+        check_server_args(self)  # server_args_checks.py: every rule on the knobs, in one place
 
     @property
     def ranks_per_replica(self) -> int:
@@ -351,8 +224,6 @@ class ServerArgs:
     def resolved_model_path(self) -> str:
         if self.model_path is not None:
             return self.model_path
-        from radixserve.model_loader.default_model import default_model_path
-
         return default_model_path()
 
     def model_name(self) -> str:

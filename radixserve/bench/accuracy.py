@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
+from radixserve.bench import llama_cpp_python
 from radixserve.bench.common import print_table, write_json
+from radixserve.bench.runner_driver import RunnerDriver
+from radixserve.bench.server_process import check_binary, local_llama_server
+from radixserve.layers.quantization import type_report
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.model_loader import get_tokenizer
+from radixserve.server_args import ServerArgs
 
 FORMATS = {"auto": "auto", "int8": "int8", "int4": "int4"}
 
@@ -55,8 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _runner(model_path: str | None, quantization: str, threads: int | None, dtype: str = "auto") -> Any:
-    from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.server_args import ServerArgs
 
     return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, dtype=dtype, max_total_tokens=4096,
                                   max_running_requests=2, num_threads=threads, show_progress=False))
@@ -64,8 +69,6 @@ def _runner(model_path: str | None, quantization: str, threads: int | None, dtyp
 
 def _trace(runner: Any, prompt: list[int], forced: list[int] | None, n: int) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy (forced=None) or teacher-forced tokens and the log-softmax before each one."""
-    from radixserve.bench.runner_driver import RunnerDriver
-
     drv = RunnerDriver(runner)
     row = drv.new_row()
     try:
@@ -92,8 +95,6 @@ def llama_cpp_row(binary: str, gguf: str, threads: int, prompts: list[list[int]]
     """The same comparison for llama.cpp on the same GGUF: one 1-token completion per position with the
     prompt + the exact mode's tokens so far (its prompt cache makes each a 1-token step)."""
     import httpx
-
-    from radixserve.bench.server_process import local_llama_server
 
     agree = total = missing = 0
     dlp: list[float] = []
@@ -127,8 +128,6 @@ def llama_cpp_python_row(python: str, gguf: str, threads: int, prompts: list[lis
                          reference: list[tuple[list[int], list[torch.Tensor]]]) -> dict[str, Any]:
     """llama.cpp's drift through llama-cpp-python: every position of prompt + the exact mode's tokens in one
     eval (logits_all), the same comparison as ours."""
-    from radixserve.bench import llama_cpp_python
-
     seqs = [p + toks for p, (toks, _) in zip(prompts, reference)]
     rows = llama_cpp_python.logprobs(python, gguf, threads, seqs)
     agree = total = 0
@@ -161,11 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not 1 <= args.num_prompts <= len(PROMPTS) or not 1 <= args.max_new_tokens <= 1024:
         raise SystemExit(f"--num-prompts must be 1..{len(PROMPTS)} and --max-new-tokens 1..1024")
     if args.llama_server:
-        from radixserve.bench.server_process import check_binary
-
         check_binary(args.llama_server, "--llama-server")
-    from radixserve.model_loader import get_tokenizer
-
     exact = _runner(args.model_path, "none", args.threads, dtype="float32")  # the exact mode, on every CPU
     tok = get_tokenizer(exact.model_path)
     prompts = [_prompt_ids(tok, p) for p in PROMPTS[: args.num_prompts]]
@@ -194,8 +189,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{args.num_prompts} chat prompts x {args.max_new_tokens} tokens, teacher-forced on the exact mode's "
           "greedy output (batch-1 decode steps)")
     print_table(rows)
-    from radixserve.layers.quantization import type_report
-
     types = type_report.type_rows(exact.model_path)
     print_table(types, type_report.columns(types),
                 title="\nper tensor type of the file: what auto runs, and its weights' distance from the file's")

@@ -38,6 +38,8 @@ from radixserve.bench.datasets import (
     workload_summary,
 )
 from radixserve.bench.offline import run_engine, run_waves, throughput_metrics
+from radixserve.entrypoints.engine import Engine
+from radixserve.model_loader import default_model_path
 
 Generate = Callable[[list[list[int]], list[dict[str, Any]]], list[dict[str, Any]]]
 
@@ -151,8 +153,6 @@ def run(args: argparse.Namespace, model: Any, tokenizer: Any, engine: Any = None
 def compare_radixserve(args: argparse.Namespace, convs: list[Conversation], engine: Any) -> dict[str, Any]:
     own = engine is None
     if own:
-        from radixserve.entrypoints.engine import Engine
-
         # same torch thread count as transformers got, so the comparison is like for like
         engine = Engine(model_path=args.model_path, max_total_tokens=args.max_total_tokens, show_progress=False,
                         num_threads=args.threads)
@@ -168,8 +168,6 @@ def main(argv: list[str] | None = None, model: Any = None, tokenizer: Any = None
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from radixserve.model_loader import default_model_path
-
     path = args.model_path or default_model_path()
     tokenizer = tokenizer or load_tokenizer(args.tokenizer or path)
     model = model if model is not None else load_hf_model(path)

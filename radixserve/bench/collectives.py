@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from radixserve.bench.common import parse_int_list, print_table, write_json
+from radixserve.entrypoints.launcher import _free_port
 
 
 def _median_s(fn: Any, iters: int) -> float:
@@ -97,8 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     import multiprocessing as mp
-
-    from radixserve.entrypoints.launcher import _free_port
 
     args = build_parser().parse_args(argv)
     if not 2 <= args.world_size <= 16:

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from radixserve.kernels.cpu import loader
+
 
 # ---------------------------------------------------------------------------- timing
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -181,8 +183,6 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
         pass
     if torch.device(device).type == "cpu":
         # which of the features that pick a code path this CPU has, and the kernel variant it gets
-        from radixserve.kernels.cpu import loader
-
         flags = loader.cpu_info()[0]
         info["cpu_features"] = sorted(flags & {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16",
                                                "amx_int8"})

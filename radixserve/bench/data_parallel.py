@@ -25,14 +25,13 @@ from typing import Any
 from radixserve.bench.common import print_table, write_json
 from radixserve.bench.datasets import add_dataset_args, build_workload, history_ids, workload_summary
 from radixserve.bench.offline import engine_kwargs, sampling_params, throughput_metrics
-from radixserve.server_args import LOAD_BALANCE_METHODS
+from radixserve.entrypoints.engine import Engine
+from radixserve.server_args import LOAD_BALANCE_METHODS, ServerArgs
 
 THROUGHPUT_SLACK = 0.05  # a method within 5% of the best throughput counts as as fast (this box is noisy)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from radixserve.server_args import ServerArgs
-
     p = argparse.ArgumentParser(prog="radixserve bench dp", description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--methods", default=",".join(LOAD_BALANCE_METHODS), help="comma-separated methods to compare")
     p.add_argument("--workloads", default="shared-prefix,random", help="comma-separated datasets (see --dataset)")
@@ -106,8 +105,6 @@ def pick_default(rows: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from radixserve.entrypoints.engine import Engine
-
     args = build_parser().parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.bench.common import parse_range
+from radixserve.model_loader import default_model_path, get_tokenizer, model_kind
 
 DATASETS = ("random", "shared-prefix", "multi-turn")
 
@@ -103,8 +104,6 @@ class WordSource:
 
 
 def load_tokenizer(path: str | None) -> Any:
-    from radixserve.model_loader import default_model_path, get_tokenizer, model_kind
-
     path = path or default_model_path()
     try:
         model_kind(path)

@@ -23,6 +23,12 @@ import torch
 
 from radixserve.bench.common import print_table, write_json
 from radixserve.bench.grammar_schemas import SCHEMAS
+from radixserve.constrained.grammar_spec import GrammarSpec
+from radixserve.constrained.xgrammar_backend import apply_vocab_mask_, fill_vocab_mask
+from radixserve.managers.io_struct import TokenizedGenerateReqInput
+from radixserve.managers.scheduler import Scheduler
+from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.server_args import ServerArgs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,8 +47,6 @@ def _ms(xs: list[float]) -> str:
 
 
 def _compile_rows(backend: Any) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    from radixserve.constrained.grammar_spec import GrammarSpec
-
     rows, cold, warm = [], [], []
     for i, schema in enumerate(SCHEMAS):
         spec = GrammarSpec("json_schema", json.dumps(schema))
@@ -60,8 +64,6 @@ def _compile_rows(backend: Any) -> tuple[list[dict[str, Any]], dict[str, float]]
 
 def _masking(backend: Any, bs: int, steps: int, seed: int = 0) -> dict[str, list[float]]:
     """Fill + apply times per step for bs matchers walking random valid paths."""
-    from radixserve.constrained.grammar_spec import GrammarSpec
-    from radixserve.constrained.xgrammar_backend import apply_vocab_mask_, fill_vocab_mask
 
     rng = random.Random(seed)
     compiled = [backend.compile_async(GrammarSpec("json_schema", json.dumps(s))).result() for s in SCHEMAS]
@@ -91,10 +93,6 @@ def _masking(backend: Any, bs: int, steps: int, seed: int = 0) -> dict[str, list
 
 def _decode_step_s(args: argparse.Namespace, bs: int) -> tuple[float, Any]:
     """Median wall time of a real batch-bs decode step (Scheduler.step, no constraints)."""
-    from radixserve.managers.io_struct import TokenizedGenerateReqInput
-    from radixserve.managers.scheduler import Scheduler
-    from radixserve.sampling.sampling_params import SamplingParams
-    from radixserve.server_args import ServerArgs
 
     sargs = ServerArgs(model_path=args.model_path, quantization=args.quantization, max_total_tokens=16384,
                        max_running_requests=bs, num_threads=args.threads, show_progress=False)

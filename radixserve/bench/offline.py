@@ -29,11 +29,11 @@ from radixserve.bench.datasets import (
     load_tokenizer,
     workload_summary,
 )
+from radixserve.entrypoints.engine import Engine
+from radixserve.server_args import ServerArgs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from radixserve.server_args import ServerArgs
-
     p = argparse.ArgumentParser(prog="radixserve bench offline", description=__doc__.split("\n")[0],
                                 allow_abbrev=False)
     p.add_argument("--warmup-requests", type=int, default=1, help="short untimed requests first")
@@ -112,8 +112,6 @@ def run_engine(engine: Any, convs: list[Conversation], warmup_requests: int = 1)
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import fields
 
-    from radixserve.server_args import ServerArgs
-
     return {f.name: getattr(args, f.name) for f in fields(ServerArgs)}
 
 
@@ -122,8 +120,6 @@ def main(argv: list[str] | None = None, engine: Any = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     own = engine is None
     if own:
-        from radixserve.entrypoints.engine import Engine
-
         engine = Engine(**engine_kwargs(args))
     try:
         tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else engine.tokenizer

@@ -37,6 +37,9 @@ from radixserve.bench.runner_driver import RunnerDriver
 from radixserve.bench.step_profile import profile_step
 from radixserve.layers.batch_invariant import batch_invariant_mode
 from radixserve.layers.linear import quant_rows_mode
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.model_loader import get_model_config
+from radixserve.server_args import ServerArgs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,8 +83,6 @@ def needed_tokens(args: argparse.Namespace) -> int:
 
 
 def make_runner(args: argparse.Namespace) -> Any:
-    from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.server_args import ServerArgs
 
     longest = max(max(args.context_lens) + args.repeats + args.warmup + 2, max(args.prefill_lens))
     server_args = ServerArgs(
@@ -91,8 +92,6 @@ def make_runner(args: argparse.Namespace) -> Any:
         disable_cpu_graph=args.disable_cpu_graph, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
         quant_max_rows=args.quant_max_rows,
     )
-    from radixserve.model_loader import get_model_config
-
     if longest > get_model_config(server_args.resolved_model_path()).context_len:
         server_args = server_args.replace(context_length=longest)
     return ModelRunner(server_args)

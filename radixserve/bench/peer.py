@@ -21,8 +21,11 @@ import os
 import subprocess
 from typing import Any
 
-from radixserve.bench import one_batch
-from radixserve.bench.common import print_table, write_json
+from radixserve.bench import llama_cpp_python, one_batch
+from radixserve.bench.common import machine_info, print_table, write_json
+from radixserve.kernels.cpu import load_cpu_ops
+from radixserve.layers.quantization import type_report
+from radixserve.model_loader import default_model_path
 
 # format -> (ServerArgs.quantization, ServerArgs.dtype)
 FORMATS = {"exact": ("none", "float32"), "auto": ("auto", "auto"), "none": ("none", "auto"),
@@ -100,16 +103,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise SystemExit(f"--formats: unknown {bad}; choose from {list(FORMATS)}")
-    from radixserve.model_loader import default_model_path
-
     gguf = args.model_path or default_model_path()
     if args.llama_bench:
         peer = llama_bench(args.llama_bench, gguf, args.threads, args.prompt_len, args.gen_len)
         if _contexts(args):
             raise SystemExit("--long-contexts needs --llama-cpp-python (llama-bench has no context-depth figure here)")
     else:
-        from radixserve.bench import llama_cpp_python
-
         peer = llama_cpp_python.speed(args.llama_cpp_python, gguf, args.threads, args.prompt_len, args.gen_len,
                                       _contexts(args))
     ours = {fmt: radixserve_figures(fmt, args) for fmt in formats}
@@ -122,16 +121,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row[f"radixserve {fmt}"] = round(ours[fmt][key], 1)
             row[f"{fmt} / llama.cpp"] = round(ours[fmt][key] / peer[key], 2)
         rows.append(row)
-    from radixserve.bench.common import machine_info
-
     print(f"model {gguf}  |  threads {args.threads}  |  llama.cpp build {peer['build']}  |  {machine_info('cpu')}")
     print_table(rows)
     print_table([{"format": fmt, "prefill: fraction of peak FLOP/s": round(ours[fmt]["prefill_fraction_of_peak_flops"], 2),
                   "batch-1 decode: fraction of bandwidth": round(ours[fmt]["decode_fraction_of_bandwidth"], 2),
                   "decode step ms": round(ours[fmt]["decode_step_ms"], 2)} for fmt in formats],
                 title="\nradixserve against this machine's roofline (bench roofline, measured in each run)")
-    from radixserve.kernels.cpu import load_cpu_ops
-    from radixserve.layers.quantization import type_report
 
     types = type_report.type_rows(gguf, load_cpu_ops()[0], rows=(1, args.prompt_len))
     print_table(types, type_report.columns(types),

@@ -34,6 +34,7 @@ from radixserve.bench.common import (
     time_fn_min_duration,
     write_json,
 )
+from radixserve.model_loader import default_model_path, get_model_config
 
 DEFAULT_ROWS = [1, 32, 512]
 LM_HEAD_MAX_ROWS = 64  # the LM head sees one row per request, i.e. decode-like shapes only
@@ -115,8 +116,6 @@ def measure_roofline(cfg: Any | None = None, rows_list: list[int] | None = None,
     of copy and reduce: the best this machine showed for streaming memory.
     """
     if cfg is None:
-        from radixserve.model_loader import default_model_path, get_model_config
-
         cfg = get_model_config(default_model_path())
     rows_list = rows_list or DEFAULT_ROWS
     matmul = []
@@ -173,8 +172,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from radixserve.model_loader import default_model_path, get_model_config
-
     cfg = get_model_config(args.model_path or default_model_path())
     with torch.inference_mode():
         result = measure_roofline(cfg, args.rows, args.mem_mb, args.device, args.min_time)

@@ -18,7 +18,9 @@ from typing import Any
 
 from radixserve.bench import serving
 from radixserve.bench.common import machine_info, print_table, write_json
+from radixserve.bench.datasets import load_tokenizer
 from radixserve.bench.server_process import check_binary, local_llama_server, local_radixserve
+from radixserve.model_loader import default_model_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,8 +52,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if any(a == "--base-url" for a in rest):
         raise SystemExit("--base-url: this benchmark starts both servers itself")
     check_binary(args.llama_server, "--llama-server")
-    from radixserve.model_loader import default_model_path
-    from radixserve.bench.datasets import load_tokenizer
 
     gguf = args.model_path or default_model_path()
     tokenizer = load_tokenizer(None)

@@ -22,6 +22,11 @@ import time
 from typing import Any
 
 from radixserve.bench.common import print_table, write_json
+from radixserve.managers.io_struct import TokenizedGenerateReqInput
+from radixserve.managers.scheduler import Scheduler
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.server_args import ServerArgs
 
 COPY = [
     "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango. "
@@ -68,8 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _decode_run(sched: Any, prompts: list[list[int]], max_new: int, temperature: float
                 ) -> tuple[list[list[int]], float, int, float]:
     """(outputs, decode seconds, decode tokens, mean accept length) over prompts run one at a time."""
-    from radixserve.managers.io_struct import TokenizedGenerateReqInput
-    from radixserve.sampling.sampling_params import SamplingParams
 
     outs, secs, toks, acc = [], 0.0, 0, []
     for i, p in enumerate(prompts):
@@ -102,9 +105,6 @@ def main(argv: list[str] | None = None, runner: Any = None) -> dict[str, Any]:
     temperatures = [float(t) for t in args.temperatures.split(",") if t]
     if not set(algorithms) <= {"ngram", "draft_model"} or not set(workloads) <= set(WORKLOADS) or not temperatures:
         raise SystemExit(f"--algorithms: ngram, draft_model; --workloads: {', '.join(WORKLOADS)}; --temperatures: >= 1")
-    from radixserve.managers.scheduler import Scheduler
-    from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.server_args import ServerArgs
 
     if runner is None:
         base = ServerArgs(model_path=args.model_path, quantization=args.quantization, max_total_tokens=8192,

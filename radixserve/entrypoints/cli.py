@@ -9,6 +9,9 @@ import argparse
 import json
 import sys
 
+from radixserve.debug.inspect import inspect_trace
+from radixserve.server_args import ServerArgs
+
 # `radixserve bench NAME` -> radixserve.bench.MODULE
 BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "serving-peer": "serving_peer",
               "offline": "offline", "baseline": "baseline", "peer": "peer", "accuracy": "accuracy",
@@ -17,15 +20,13 @@ BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serv
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from radixserve.entrypoints.http_server import launch_server
-    from radixserve.server_args import ServerArgs
+    from radixserve.entrypoints.http_server import launch_server  # lazy: torch+fastapi only for `serve`
 
     launch_server(ServerArgs.from_cli_args(args))
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from radixserve.entrypoints.engine import Engine
-    from radixserve.server_args import ServerArgs
+    from radixserve.entrypoints.engine import Engine  # lazy: torch only for `generate`, not `--help`
 
     server_args = ServerArgs.from_cli_args(args)
     params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
@@ -51,15 +52,11 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from radixserve.debug.inspect import inspect_trace
-
     inspect_trace(args.file, limit=args.limit, show_tokens=args.tokens)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also what tests/test_docs.py checks every documented command against)."""
-    from radixserve.server_args import ServerArgs
-
     parser = argparse.ArgumentParser(prog="radixserve", description="LLM serving engine on PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
 

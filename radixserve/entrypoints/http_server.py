@@ -54,10 +54,12 @@ from radixserve.entrypoints.serving_chat import OpenAIServingChat
 from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
 from radixserve.entrypoints.serving_generate import NativeServing
 from radixserve.entrypoints.web.routes import add_web_routes
+from radixserve.entrypoints.worker_node import run_worker_node
 from radixserve.exceptions import SchedulerDied
 from radixserve.managers.io_struct import ShutdownReq
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.metrics import ServerMetrics
+from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs
 
 SCHEDULER_STOP_TIMEOUT_S = 3.0  # after the ShutdownReq: its current step may take a while on CPU
@@ -225,8 +227,6 @@ class _Background:
 
 def _start_scheduler(server_args: ServerArgs) -> tuple[Replicas, Any]:
     """The scheduler process loads the model while this process loads the tokenizer."""
-    from radixserve.model_loader import get_tokenizer
-
     model_path = server_args.resolved_model_path()
     print(f"radixserve: loading {model_path} ...", flush=True)
     tokenizer = _Background(get_tokenizer, model_path, server_args.tokenizer_path, server_args.chat_template)
@@ -242,8 +242,6 @@ def launch_server(server_args: ServerArgs) -> None:
     """Run the server until SIGTERM / Ctrl-C; exits with status 1 if the scheduler dies. A node other than
     node 0 of a multi-node group serves no HTTP: it runs its ranks (worker_node.py)."""
     if server_args.node_rank > 0:
-        from radixserve.entrypoints.worker_node import run_worker_node
-
         logging.basicConfig(level=server_args.log_level.upper())
         return run_worker_node(server_args)
     logging.basicConfig(level=server_args.log_level.upper(),

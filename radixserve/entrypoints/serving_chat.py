@@ -48,7 +48,7 @@ from radixserve.entrypoints.openai_serving import (
 )
 from radixserve.entrypoints.serving_base import UNSUPPORTED_CHAT, OpenAIServingBase
 from radixserve.model_loader.chat_template import NO_TEMPLATE
-from radixserve.function_call.tool_parser import ToolCallDelta, ToolCallParser, detect_format
+from radixserve.function_call.tool_parser import ToolCallDelta, ToolCallParser, create_detector, detect_format
 from radixserve.function_call.tool_prompt import render_for_template, template_supports_tools
 from radixserve.managers.io_struct import GenerateReqInput
 
@@ -82,7 +82,7 @@ class _Tools:
 
     def parser(self) -> ToolCallParser:
         # the request's tools: calls to other names are dropped, and non-JSON formats read the types
-        return ToolCallParser.create(self.parser_name, self.defs)
+        return create_detector(self.parser_name, self.defs)
 
     def structural_tag(self) -> dict[str, Any] | None:
         return self.parser().structural_tag(self.defs, self.named, self.parallel) if self.forced else None
@@ -169,7 +169,7 @@ class OpenAIServingChat(OpenAIServingBase):
         if not self.tokenizer.chat_template:
             raise APIError(400, NO_TEMPLATE, "messages")
         plain, extra = render_for_template(plain, tools, template_supports_tools(self.tokenizer.chat_template),
-                                           ToolCallParser.create(self.tool_parser_name))
+                                           create_detector(self.tool_parser_name))
         try:
             return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False, **extra)
         except Exception as e:  # noqa: BLE001  # a template's own raise_exception(...) is a client error

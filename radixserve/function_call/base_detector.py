@@ -87,12 +87,6 @@ class BaseDetector:
         self.calls.append(call)
         return call
 
-    @classmethod
-    def create(cls, name: str, tools: list[dict[str, Any]] | None = None) -> BaseDetector:
-        from radixserve.function_call.registry import create_detector
-
-        return create_detector(name, tools)
-
     def known(self, name: str) -> bool:
         """May a call to `name` be returned? Any name when the parser was built without tools."""
         return self.tools is None or name in self.schemas

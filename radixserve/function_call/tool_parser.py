@@ -1,6 +1,7 @@
 """The tool-call parser's public names, for serving_chat.py and tests; one file per format holds each.
 
-    ToolCallParser.create(name, tools)   a fresh detector (streaming state) for one output
+    create_detector(name, tools)         a fresh detector (streaming state) for one output
+    ToolCallParser                       the type every detector has (base_detector.BaseDetector)
     detect_format(chat_template)         what --tool-call-parser auto picks
     TOOL_CALL_PARSERS                    every accepted name
 """

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.distributed.parallel_state import ParallelState
+from radixserve.kernels.cpu.loader import cpu_info
 from radixserve.layers.batch_invariant import batch_invariant_enabled, tiled_rows
 from radixserve.layers.quantization.qweight import QuantRows, QuantWeight
 
@@ -57,8 +58,6 @@ def resolve_low_bit_max_rows(setting: int | None, gemm_dtype: torch.dtype, amx: 
     if setting:
         return setting
     if amx is None:
-        from radixserve.kernels.cpu.loader import cpu_info
-
         amx = "amx_bf16" in cpu_info()[0]
     return LOW_BIT_MAX_ROWS_WITH_AMX if gemm_dtype == torch.bfloat16 and amx else None
 

@@ -78,7 +78,7 @@ class SchedulerProcess:
     def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, rank: int = 0, dp_rank: int = 0) -> None:
         import torch
 
-        from radixserve.managers.scheduler import Scheduler
+        from radixserve.managers.scheduler import Scheduler  # lazy: the model stack loads in the child only
 
         seed_sampling(server_args, dp_rank)
         self.scheduler = Scheduler(server_args, rank=rank)

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+
 if TYPE_CHECKING:
     from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
     from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
     from radixserve.sampling.sampling_params import SamplingParams
 
 
@@ -157,8 +158,6 @@ class ForwardBatch:
 
     @classmethod
     def init_new(cls, batch: ModelWorkerBatch, model_runner: ModelRunner) -> ForwardBatch:
-        from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
-
         device = model_runner.device
         bs = batch.batch_size
         seq_lens_cpu = list(batch.seq_lens)

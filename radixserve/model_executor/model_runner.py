@@ -55,6 +55,7 @@ from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWork
 from radixserve.model_executor.pipeline_stage import PipelineStage
 from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
 from radixserve.model_loader import get_model_config, iterate_weights, model_kind
+from radixserve.model_loader.gguf import gguf_tensor_blocks
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
 from radixserve.speculative.spec_info import SpeculativeAlgorithm
@@ -191,8 +192,6 @@ class ModelRunner:
     def _quantize_model(self) -> None:
         blocks = None
         if self.quantization == "auto":
-            from radixserve.model_loader.gguf import gguf_tensor_blocks
-
             blocks = gguf_tensor_blocks(self.model_path)
         sources = getattr(self.model, "checkpoint_sources", None)
         if sources is None:

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal
 
+from radixserve.model_loader.chat_template import with_chat_template
 from radixserve.model_loader.default_model import default_model_path
 from radixserve.model_loader.model_config import ModelConfig
 
@@ -53,10 +54,10 @@ def model_kind(model_path: str) -> Literal["gguf", "hf"]:
 def get_model_config(model_path: str, context_length: int | None = None) -> ModelConfig:
     """The model's ModelConfig; `context_length` overrides the trained maximum context length."""
     if model_kind(model_path) == "gguf":
-        from radixserve.model_loader.gguf import get_gguf_config
+        from radixserve.model_loader.gguf import get_gguf_config  # lazy: torch + this format's reader
 
         return get_gguf_config(model_path, context_length)
-    from radixserve.model_loader.hf import get_hf_config
+    from radixserve.model_loader.hf import get_hf_config  # lazy: torch + this format's reader
 
     return get_hf_config(model_path, context_length)
 
@@ -71,10 +72,10 @@ def iterate_weights(
     read or dequantised (a pipeline stage loads only its layers).
     """
     if model_kind(model_path) == "gguf":
-        from radixserve.model_loader.gguf import iterate_gguf_weights
+        from radixserve.model_loader.gguf import iterate_gguf_weights  # lazy: torch + this format's reader
 
         return iterate_gguf_weights(model_path, keep)
-    from radixserve.model_loader.hf import iterate_hf_weights
+    from radixserve.model_loader.hf import iterate_hf_weights  # lazy: torch + this format's reader
 
     return iterate_hf_weights(model_path, keep)
 
@@ -87,13 +88,11 @@ def get_tokenizer(model_path: str, tokenizer_path: str | None = None,
     (a Jinja file, ServerArgs.chat_template) replaces the template. The object may be cached and shared
     between callers, so treat it as read-only.
     """
-    from radixserve.model_loader.chat_template import with_chat_template
-
     path = tokenizer_path or model_path
     if model_kind(path) == "gguf":
-        from radixserve.model_loader.gguf import get_gguf_tokenizer
+        from radixserve.model_loader.gguf import get_gguf_tokenizer  # lazy: torch + this format's reader
 
         return with_chat_template(get_gguf_tokenizer(path), chat_template)
-    from radixserve.model_loader.hf import get_hf_tokenizer
+    from radixserve.model_loader.hf import get_hf_tokenizer  # lazy: torch + this format's reader
 
     return with_chat_template(get_hf_tokenizer(path), chat_template)

@@ -38,6 +38,7 @@ from radixserve.exceptions import InvariantError
 from radixserve.managers.failure_isolation import is_fatal
 from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_model_config, get_tokenizer, model_kind
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo, salted_seed
 from radixserve.speculative.proposer import DraftProposer
@@ -45,7 +46,6 @@ from radixserve.speculative.spec_info import Draft
 
 if TYPE_CHECKING:
     from radixserve.managers.req import Req
-    from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.sampling.sampling_params import SamplingParams
     from radixserve.server_args import ServerArgs
 
@@ -89,8 +89,6 @@ def check_same_vocabulary(args: ServerArgs, target: ModelRunner, draft_path: str
 
 class DraftModelProposer(DraftProposer):
     def __init__(self, args: ServerArgs, target: ModelRunner) -> None:
-        from radixserve.model_executor.model_runner import ModelRunner
-
         path = args.speculative_draft_model_path
         assert path is not None  # ServerArgs refuses draft_model without it
         check_same_vocabulary(args, target, path)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.exceptions import OutOfKVSlots
+from radixserve.speculative.draft_model import DraftModelProposer
 from radixserve.speculative.ngram import NgramProposer
 from radixserve.speculative.spec_info import Draft
 
@@ -75,8 +76,6 @@ class SpecWorker:
             proposer: DraftProposer = NgramProposer(args.speculative_ngram_min_match_window,
                                                     args.speculative_ngram_max_match_window)
         else:
-            from radixserve.speculative.draft_model import DraftModelProposer
-
             proposer = DraftModelProposer(args, runner)
         return SpecWorker(args, runner, proposer)
 

@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.function_call.tool_parser import ToolCallParser, detect_format
+from radixserve.function_call.tool_parser import create_detector, detect_format
 
 CASES = {
     "hermes": ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris", '
@@ -29,7 +29,7 @@ def _check_calls(calls) -> None:
 
 def test_whole_outputs_parse() -> None:
     for fmt, (text, content) in CASES.items():
-        got, calls = ToolCallParser.create(fmt).parse(text)
+        got, calls = create_detector(fmt).parse(text)
         assert got == content, fmt
         _check_calls(calls)
 
@@ -38,7 +38,7 @@ def test_whole_outputs_parse() -> None:
 @given(st.sampled_from(sorted(CASES)), st.lists(st.integers(1, 12), min_size=1, max_size=80))
 def test_streaming_in_any_split_matches(fmt, sizes) -> None:
     text, content = CASES[fmt]
-    p = ToolCallParser.create(fmt)
+    p = create_detector(fmt)
     out, args, names, pos, k = "", {}, {}, 0, 0
     while pos < len(text):
         piece = text[pos : pos + sizes[k % len(sizes)]]
@@ -59,9 +59,9 @@ def test_streaming_in_any_split_matches(fmt, sizes) -> None:
 
 def test_text_that_only_looks_like_a_call_stays_text() -> None:
     for text in ["a <tool_call> b", "<tool_call>not json</tool_call>", "x <tool_c", "{\"a\": 1}"]:
-        got, calls = ToolCallParser.create("hermes").parse(text)
+        got, calls = create_detector("hermes").parse(text)
         assert calls == [] and got == text
-    got, calls = ToolCallParser.create("hermes").parse('<tool_call>\n{"name": "f", "arguments": {"x": "cut')
+    got, calls = create_detector("hermes").parse('<tool_call>\n{"name": "f", "arguments": {"x": "cut')
     assert calls == []  # cut off by max_tokens: no call
 
 
@@ -75,7 +75,7 @@ def test_detect_format() -> None:
 def test_structural_tag_shapes() -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
              {"type": "function", "function": {"name": "g"}}]
-    p = ToolCallParser.create("hermes")
+    p = create_detector("hermes")
     named = p.structural_tag(tools, "g", True)["format"]
     assert named["type"] == "tag" and named["begin"].endswith('"name": "g", "arguments": ')
     req = p.structural_tag(tools, None, False)["format"]

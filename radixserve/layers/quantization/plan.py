@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from radixserve.layers.linear import PackableLinear
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.qweight import (
     KIND_NAMES,
@@ -71,8 +72,6 @@ def quantize_model(
     dense(module) -> its float weight [out, in] (before packing frees it);
     gguf_blocks: gguf_tensor_blocks() of the file, for `auto` on a GGUF model (None otherwise).
     """
-    from radixserve.layers.linear import PackableLinear
-
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {mode!r}")
     report = QuantReport()

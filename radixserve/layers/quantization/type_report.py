@@ -12,6 +12,7 @@ import torch
 
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.qweight import KIND_NAMES, QuantRows, QuantWeight
+from radixserve.model_loader.gguf_file import open_gguf
 
 
 def _kernel_copy(fmt: Any, raw: np.ndarray, values: torch.Tensor) -> QuantWeight | None:
@@ -38,8 +39,6 @@ def type_rows(path: str, ops: Any = None, rows: tuple[int, ...] = (1, 512)) -> l
     tensors, parameters, handling, kernel kind, activation format, max |w_kernel - w_file| over its
     tensors (0 = exact). With `ops` (torch.ops.radixserve_cpu), the kernel's time on the type's largest
     tensor at each row count in `rows` (the float path: torch's float32 GEMM)."""
-    from radixserve.model_loader.gguf_file import open_gguf
-
     f = open_gguf(path)
     by_type: dict[str, list[Any]] = {}
     for t in f.tensors.values():

@@ -1,0 +1,164 @@
+"""ServerArgs' validation: every rule on the knobs, written once and run by ServerArgs.__post_init__, and the
+lists of accepted values they check against (server_args.py re-exports them). Each message names the
+field: `ServerArgs.<field>: <why>`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from radixserve.distributed.host_port import parse_host_port
+from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
+from radixserve.model_loader.chat_template import read_chat_template
+
+if TYPE_CHECKING:
+    from radixserve.server_args import ServerArgs
+
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+API_KEY_ENV = "RADIXSERVE_API_KEY"
+MAX_RANKS = 64  # tp_size * pp_size per replica: one process per rank, so an absurd value must not fork-bomb the host
+MAX_DP_SIZE = 64  # replicas (each tp_size * pp_size processes): an absurd value must not fork-bomb the host
+MAX_PROCESSES = 256  # scheduler processes of one server, all replicas' ranks together
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # managers/data_parallel_controller.py
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+GRAMMAR_BACKENDS = ("xgrammar", "none")
+SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_MEM_FRACTION = 0.8  # ServerArgs.mem_fraction_static's default: read on CUDA only
+
+
+def check_server_args(args: ServerArgs) -> None:
+    """Raise ValueError naming the first bad field; also normalise the few values that have two spellings
+    (api_key from the environment, request_timeout <= 0 = none, speculative_algorithm "none").
+    ServerArgs is frozen: those are set once, here, with object.__setattr__."""
+    def bad(name: str, why: str) -> None:
+        raise ValueError(f"ServerArgs.{name}: {why}")
+
+    if args.api_key is None and os.environ.get(API_KEY_ENV):
+        object.__setattr__(args, "api_key", os.environ[API_KEY_ENV])  # frozen: set once, here
+    if args.request_timeout is not None and args.request_timeout <= 0:
+        object.__setattr__(args, "request_timeout", None)
+    for name in ("max_queued_requests", "max_request_body_bytes", "max_prompts_per_request", "max_n",
+                 "max_stop_strings", "max_stop_string_len", "max_logit_bias"):
+        if getattr(args, name) < 1:
+            bad(name, "must be >= 1")
+    if args.max_top_logprobs < 0:
+        bad("max_top_logprobs", "must be >= 0")
+    if not args.rpc_timeout > 0 or not args.graceful_shutdown_timeout >= 0:
+        bad("rpc_timeout", "rpc_timeout must be > 0 and graceful_shutdown_timeout >= 0")
+
+    if args.dtype not in ("auto", "float32", "float16", "bfloat16"):
+        bad("dtype", f"must be auto, float32, float16 or bfloat16, got {args.dtype!r}")
+    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+        bad("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {args.kv_cache_dtype!r}")
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        bad("device", f"must be cpu or cuda, got {args.device!r}")
+    if args.attention_backend not in ("auto", "torch_native", "cpu_paged"):
+        bad("attention_backend", f"must be auto, torch_native or cpu_paged, got {args.attention_backend!r}")
+    if args.linear_backend not in ("auto", "torch", "onednn"):
+        bad("linear_backend", f"must be auto, torch or onednn, got {args.linear_backend!r}")
+    if args.quantization not in QUANTIZATION_MODES:
+        bad("quantization", f"must be auto, none, int8 or int4, got {args.quantization!r}")
+    if args.quantization in ("int8", "int4") and args.device != "cpu":
+        bad("quantization", f"{args.quantization} runs on the CPU (device=cpu)")
+    if args.quant_max_rows is not None and not 1 <= args.quant_max_rows <= 1 << 20:
+        bad("quant_max_rows", f"must be in [1, {1 << 20}] or None (auto), got {args.quant_max_rows}")
+    if args.quant_max_rows is not None and args.quantization == "none":  # there is no low-bit copy to cap
+        bad("quant_max_rows", "only applies to low-bit weights; with quantization=none leave it unset")
+    if args.quantization in ("int8", "int4") and args.enable_deterministic_inference:
+        # the low-bit path serves steps of few rows only, so a row's numbers would depend on its batch
+        bad("quantization", f"{args.quantization} and enable_deterministic_inference cannot be combined")
+    if args.enable_deterministic_inference:
+        why = None
+        if args.device != "cpu" or args.dtype not in ("auto", "float32"):
+            why = f"needs device=cpu and dtype=float32 or auto (got {args.device}, {args.dtype})"
+        elif args.attention_backend != "auto":  # refused: silently replacing the choice would hide it
+            why = f"has its own attention kernel, so attention_backend={args.attention_backend} would be ignored"
+        elif args.tp_size > 2:
+            # two ranks' partial sums add in one order-free step; with more, the all-reduce's
+            # summation order of an element depends on the tensor's size, i.e. on the batch
+            why = f"supports tp_size <= 2 (got {args.tp_size})"
+        if why:
+            bad("enable_deterministic_inference", why)
+    if args.page_size < 1:
+        bad("page_size", "must be >= 1")
+    if args.max_total_tokens is not None and args.max_total_tokens < 2 * args.page_size:
+        bad("max_total_tokens", "too small to hold even one page")
+    if args.max_running_requests < 1:
+        bad("max_running_requests", "must be >= 1")
+    if args.max_prefill_tokens < 1:
+        bad("max_prefill_tokens", "must be >= 1")
+    if args.schedule_policy not in SCHEDULE_POLICIES:
+        bad("schedule_policy", f"must be one of {SCHEDULE_POLICIES}, got {args.schedule_policy!r}")
+    for name in ("tp_size", "pp_size", "dp_size", "nnodes"):
+        if getattr(args, name) < 1:
+            bad(name, f"must be >= 1, got {getattr(args, name)}")
+    for name in ("tp_size", "pp_size"):
+        if getattr(args, name) > MAX_RANKS:
+            bad(name, f"must be <= {MAX_RANKS}, got {getattr(args, name)}")
+    if args.ranks_per_replica > MAX_RANKS:
+        bad("pp_size", f"tp_size * pp_size must be <= {MAX_RANKS}, got {args.tp_size} * {args.pp_size}")
+    if args.dp_size > MAX_DP_SIZE or args.ranks_per_replica * args.dp_size > MAX_PROCESSES:
+        bad("dp_size", f"must be <= {MAX_DP_SIZE} with dp_size * tp_size * pp_size <= {MAX_PROCESSES} scheduler "
+            f"processes, got dp_size {args.dp_size} x {args.ranks_per_replica} ranks")
+    if args.load_balance_method not in LOAD_BALANCE_METHODS:
+        bad("load_balance_method", f"must be one of {LOAD_BALANCE_METHODS}, got {args.load_balance_method!r}")
+    if args.dp_size > 1 and args.device.startswith("cuda:"):
+        bad("device", f"with dp_size > 1 give device=cuda (replica k takes GPUs k*tp_size ..), got {args.device!r}")
+    if args.dp_size > 1 and args.nnodes > 1:
+        bad("dp_size", "data parallel across machines (nnodes > 1) is not supported: run one server per "
+            "machine behind a router, or dp_size 1")
+    if args.ranks_per_replica % args.nnodes:
+        bad("nnodes", f"tp_size * pp_size ({args.ranks_per_replica}) must be a multiple of nnodes "
+            f"({args.nnodes}): every node runs the same number of ranks")
+    if args.dist_init_addr is not None:
+        try:
+            parse_host_port(args.dist_init_addr)
+        except ValueError as e:
+            bad("dist_init_addr", str(e))
+    elif args.nnodes > 1:
+        bad("dist_init_addr", "required when nnodes > 1 (host:port of node 0, reachable from every node)")
+    if not 5 <= args.dist_timeout <= 86400:
+        bad("dist_timeout", f"must be in [5, 86400] seconds, got {args.dist_timeout}")
+    if not 1 <= args.dist_init_timeout <= 3600:
+        bad("dist_init_timeout", f"must be in [1, 3600] seconds, got {args.dist_init_timeout}")
+    if isinstance(args.speculative_algorithm, str) and args.speculative_algorithm.lower() == "none":
+        object.__setattr__(args, "speculative_algorithm", None)  # the CLI spells None as a string
+    if args.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+        bad("speculative_algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, got {args.speculative_algorithm!r}")
+    if args.speculative_algorithm == "draft_model" and not args.speculative_draft_model_path:
+        bad("speculative_draft_model_path", "speculative_algorithm draft_model needs a draft model path")
+    if args.speculative_draft_model_path and args.speculative_algorithm != "draft_model":
+        bad("speculative_draft_model_path", "is only used with speculative_algorithm draft_model, got "
+            f"{args.speculative_algorithm!r}")
+    if args.speculative_algorithm == "draft_model" and args.ranks_per_replica > 1:
+        # each rank would draw its own drafts; the draft runner is single-rank
+        bad("speculative_algorithm", f"draft_model supports one rank per replica (got tp_size {args.tp_size}, "
+            f"pp_size {args.pp_size})")
+    if not 1 <= args.speculative_ngram_min_match_window <= args.speculative_ngram_max_match_window <= 64:
+        bad("speculative_ngram_min_match_window", "need 1 <= min <= max <= 64, got "
+            f"{args.speculative_ngram_min_match_window} / {args.speculative_ngram_max_match_window}")
+    if not 1 <= args.speculative_num_draft_tokens <= 16:
+        bad("speculative_num_draft_tokens", f"must be in [1, 16], got {args.speculative_num_draft_tokens}")
+    if args.grammar_backend not in GRAMMAR_BACKENDS:
+        bad("grammar_backend", f"must be one of {GRAMMAR_BACKENDS}, got {args.grammar_backend!r}")
+    if not 1 <= args.grammar_cache_size <= 100_000:
+        bad("grammar_cache_size", f"must be in [1, 100000], got {args.grammar_cache_size}")
+    if not 0 < args.grammar_compile_timeout <= 3600:
+        bad("grammar_compile_timeout", f"must be in (0, 3600] seconds, got {args.grammar_compile_timeout}")
+    if args.tool_call_parser not in TOOL_CALL_PARSERS:
+        bad("tool_call_parser", f"unknown format {args.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
+    if not 0 <= args.node_rank < args.nnodes:
+        bad("node_rank", f"must be in [0, nnodes={args.nnodes}), got {args.node_rank}")
+    if args.context_length is not None and args.context_length < 2:
+        bad("context_length", "must be >= 2")
+    if not 0 < args.mem_fraction_static <= 1:
+        bad("mem_fraction_static", "must be in (0, 1]")
+    if args.device == "cpu" and args.mem_fraction_static != DEFAULT_MEM_FRACTION:  # read on CUDA only
+        bad("mem_fraction_static", "sizes a GPU's KV pool; on a CPU the pool is capped by cpu_kv_cache_gb")
+    if args.log_level.lower() not in LOG_LEVELS:
+        bad("log_level", f"must be one of {LOG_LEVELS}, got {args.log_level!r}")
+    if args.chat_template is not None:  # a bad file fails the start, never a request
+        read_chat_template(args.chat_template)
