@@ -110,7 +110,7 @@ def read_gguf_vocab(f: GGUFFile) -> GGUFVocab:
 def _string(f: GGUFFile, key: str) -> str:
     value = f.get(key)  # ValueError naming the key when absent
     if not isinstance(value, str):
-        raise ValueError(f"GGUF file {f.path}: {key} = {value!r} is not a string")  # noqa: TRY004  # a lying file is bad input: ValueError, like every other
+        raise ValueError(f"GGUF file {f.path}: {key} = {value!r} is not a string")  # noqa: TRY004
     return value
 
 
