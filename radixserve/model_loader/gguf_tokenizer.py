@@ -13,7 +13,7 @@ Control tokens become special tokens and user-defined ones plain added tokens (b
 whole, as llama.cpp does); bos/eos/unk/pad, add_bos/add_eos and the chat template come from the file.
 The result is a transformers `PreTrainedTokenizerFast`, so the serving code sees the same object as
 for an HF folder. Where a GGUF under-specifies a family's tokenizer, the choice transformers made for
-that family is followed (`_FILE_ORDER_MERGES`, `_PREFIX_EVERY_PIECE`), so both tokenize alike.
+that family is followed (`_FILE_ORDER_MERGES`), so both tokenize alike.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from gguf import TokenType
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
 from radixserve.model_loader.gguf_pretokenizers import byte_level_pre_tokenizer, byte_level_split
 from radixserve.model_loader.gguf_vocab import MODEL_KEY, PRE_KEY, SPECIAL_ID_KEYS, GGUFVocab
@@ -35,8 +35,6 @@ _SPIECE_SPACE = "\u2581"  # how SentencePiece spells a space inside its pieces
 # Families whose SentencePiece scores do not give the merge order, where the order of the tokens in the
 # file does (transformers' Gemma converter, checked against Gemma's reference tokenizer).
 _FILE_ORDER_MERGES = ("gemma",)
-# Phi-3's space prefix goes before every text piece (after a special token too), not only the first.
-_PREFIX_EVERY_PIECE = ("phi3",)
 
 
 def build_gguf_tokenizer(vocab: GGUFVocab) -> PreTrainedTokenizerFast:
@@ -100,16 +98,14 @@ def _sentencepiece_bpe(vocab: GGUFVocab) -> Tokenizer:
     prefix = vocab.flags.get("add_space_prefix", True)  # llama.cpp's default for SentencePiece
     steps: list[normalizers.Normalizer] = []
     if vocab.flags.get("remove_extra_whitespaces", False):
-        steps += [normalizers.Replace(Regex(r"^ +| +$"), ""), normalizers.Replace(Regex(r" {2,}"), " ")]
-    if prefix and vocab.architecture.startswith(_PREFIX_EVERY_PIECE):
-        steps += [normalizers.Prepend(_SPIECE_SPACE), normalizers.Replace(" ", _SPIECE_SPACE)]
-    elif prefix:
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPIECE_SPACE, prepend_scheme="first",
-                                                         split=False)
-    else:
-        steps.append(normalizers.Replace(" ", _SPIECE_SPACE))
-    if steps:
-        backend.normalizer = steps[0] if len(steps) == 1 else normalizers.Sequence(steps)
+        steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(r" {2,}"), " ")]
+    if prefix:
+        # SentencePiece's dummy prefix: a space before the text even when it starts with one, and (as
+        # llama.cpp does) before the text after each added token. transformers' Metaspace("first") skips
+        # both; sentencepiece itself and llama.cpp do not.
+        steps.append(normalizers.Prepend(_SPIECE_SPACE))
+    steps.append(normalizers.Replace(" ", _SPIECE_SPACE))
+    backend.normalizer = steps[0] if len(steps) == 1 else normalizers.Sequence(steps)
     decode = [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         decode.append(decoders.Strip(content=" ", left=1))
