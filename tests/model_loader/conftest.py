@@ -194,3 +194,31 @@ def gguf_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def gguf_tools() -> dict[str, Any]:
     """The helpers above, for tests that need them directly (tests cannot import a conftest)."""
     return {"gguf_name": gguf_name, "permute": llama_cpp_permute, "hf_shapes": hf_shapes}
+
+
+def _write_vocab_gguf(path: Path, arch: str, meta: dict[str, Any]) -> Path:
+    """A GGUF holding `meta` (None values dropped) and one small tensor."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in meta.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_array(key, list(value))
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def write_vocab_gguf() -> Callable[[Path, str, dict[str, Any]], Path]:
+    """`write_vocab_gguf(path, arch, meta)`: a GGUF holding tokenizer (or any) metadata and one tensor."""
+    return _write_vocab_gguf

@@ -5,11 +5,9 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,28 +19,6 @@ pytestmark = pytest.mark.usefixtures("gguf_cache_dir")  # a private cache: built
 TT = gguf.TokenType
 
 
-def write_vocab_gguf(path: Path, arch: str, meta: dict[str, Any]) -> Path:
-    """A GGUF holding `meta` (None values dropped) and one small tensor."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in meta.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_array(key, list(value))
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 # --- any architecture ----------------------------------------------------------------------------------
 
 _COPIED_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
@@ -51,7 +27,8 @@ _COPIED_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.to
                 "tokenizer.ggml.add_bos_token", "tokenizer.chat_template")
 
 
-def test_an_architecture_transformers_refuses_loads_its_tokenizer(tmp_path, default_model_path, tokenizer) -> None:
+def test_an_architecture_transformers_refuses_loads_its_tokenizer(tmp_path, default_model_path, tokenizer,
+                                                                  write_vocab_gguf) -> None:
     """SmolLM2's vocabulary under `general.architecture = olmoe`: transformers refuses the file, we build
     the same tokenizer as for the original file."""
     src = open_gguf(default_model_path)
@@ -110,7 +87,7 @@ def _spm_meta(sp, remove_extra_whitespaces: bool) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["keep-spaces", "remove-extra-spaces"])
-def spm_pair(request, tmp_path_factory):
+def spm_pair(request, tmp_path_factory, write_vocab_gguf):
     sp = _sentencepiece(request.param)
     path = write_vocab_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", "olmoe", _spm_meta(sp, request.param))
     import os
