@@ -222,3 +222,19 @@ def _write_vocab_gguf(path: Path, arch: str, meta: dict[str, Any]) -> Path:
 def write_vocab_gguf() -> Callable[[Path, str, dict[str, Any]], Path]:
     """`write_vocab_gguf(path, arch, meta)`: a GGUF holding tokenizer (or any) metadata and one tensor."""
     return _write_vocab_gguf
+
+
+@pytest.fixture(scope="session")
+def load_gguf_tokenizer() -> Callable[[str], Any]:
+    """The GGUF tokenizer loader (disk cache included) without its per-process lru cache, so tests that load
+    many small files do not evict the session's default-model tokenizer from it."""
+    import os
+
+    from radixserve.model_loader import gguf as gguf_loader
+
+    def load(path: str) -> Any:
+        real = os.path.realpath(path)
+        stat = os.stat(real)  # an unreadable path fails in open_gguf below, like get_tokenizer
+        return gguf_loader._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size)
+
+    return load

@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-from radixserve.model_loader import get_tokenizer
-
 pytestmark = pytest.mark.usefixtures("gguf_cache_dir")
 
 
@@ -43,8 +41,8 @@ def write(tmp_path: Path, write_vocab_gguf):
     return lambda name, meta: str(write_vocab_gguf(tmp_path / f"{name}.gguf", "olmoe", meta))
 
 
-def test_the_good_vocabulary_loads(write) -> None:
-    tok = get_tokenizer(write("good", _good_meta()))
+def test_the_good_vocabulary_loads(load_gguf_tokenizer, write) -> None:
+    tok = load_gguf_tokenizer(write("good", _good_meta()))
     ids = tok.encode("hello world<|eot|>")
     assert tok.convert_ids_to_tokens(ids) == ["hello", "Ġw", "o", "r", "l", "d", "<|eot|>"]
     assert tok.decode(ids, skip_special_tokens=True) == "hello world" and tok.eos_token == "<|eot|>"
@@ -83,22 +81,23 @@ SPM_BAD = {
 
 @pytest.mark.parametrize("case", [*(("gpt2", c) for c in BAD), *(("llama", c) for c in SPM_BAD)],
                          ids=lambda c: f"{c[0]}: {c[1]}")
-def test_lying_metadata_is_refused_naming_the_key(write, gguf_cache_dir: Path, case) -> None:
+def test_lying_metadata_is_refused_naming_the_key(load_gguf_tokenizer, write, gguf_cache_dir: Path,
+                                                  case) -> None:
     kind, name = case
     change, message = (BAD if kind == "gpt2" else SPM_BAD)[name]
     meta = (_good_meta() if kind == "gpt2" else _spm_meta()) | change
     path = write("bad", meta)
     for _ in range(2):  # the second attempt finds nothing cached by the first
         with pytest.raises(ValueError, match=message):
-            get_tokenizer(path)
+            load_gguf_tokenizer(path)
     assert not list(gguf_cache_dir.glob("gguf/*/tokenizer"))
-    assert get_tokenizer(write("good", _good_meta())).encode("hello") == [_N - 3]
+    assert load_gguf_tokenizer(write("good", _good_meta())).encode("hello") == [_N - 3]
 
 
-def test_a_file_cut_inside_the_vocabulary_is_refused(tmp_path: Path, write) -> None:
+def test_a_file_cut_inside_the_vocabulary_is_refused(load_gguf_tokenizer, tmp_path: Path, write) -> None:
     data = Path(write("whole", _good_meta())).read_bytes()
     cut = data.index(b"hello") + 2  # inside the token array
     short = tmp_path / "cut.gguf"
     short.write_bytes(data[:cut])
     with pytest.raises(ValueError, match=re.escape(f"{short} is truncated or not a GGUF file")):
-        get_tokenizer(str(short))
+        load_gguf_tokenizer(str(short))

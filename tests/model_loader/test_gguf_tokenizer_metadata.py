@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixserve.model_loader import get_tokenizer
 from radixserve.model_loader.gguf_file import open_gguf
 
 pytestmark = pytest.mark.usefixtures("gguf_cache_dir")  # a private cache: built, saved and read back here
@@ -27,8 +26,8 @@ _COPIED_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.to
                 "tokenizer.ggml.add_bos_token", "tokenizer.chat_template")
 
 
-def test_an_architecture_transformers_refuses_loads_its_tokenizer(tmp_path, default_model_path, tokenizer,
-                                                                  write_vocab_gguf) -> None:
+def test_an_architecture_transformers_refuses_loads_its_tokenizer(load_gguf_tokenizer, tmp_path, default_model_path,
+                                                                  tokenizer, write_vocab_gguf) -> None:
     """SmolLM2's vocabulary under `general.architecture = olmoe`: transformers refuses the file, we build
     the same tokenizer as for the original file."""
     src = open_gguf(default_model_path)
@@ -38,7 +37,7 @@ def test_an_architecture_transformers_refuses_loads_its_tokenizer(tmp_path, defa
 
     with pytest.raises(ValueError, match="architecture olmoe is not supported"):
         AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
-    tok = get_tokenizer(str(path))
+    tok = load_gguf_tokenizer(str(path))
     assert len(tok) == len(tokenizer) and tok.chat_template == tokenizer.chat_template
     for text in ("Hello world", "<|im_start|>user\nx ** 12 ½<|im_end|>\n", "naïve 🤖\t\t  end  "):
         assert tok.encode(text) == tokenizer.encode(text)
@@ -87,13 +86,13 @@ def _spm_meta(sp, remove_extra_whitespaces: bool) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["keep-spaces", "remove-extra-spaces"])
-def spm_pair(request, tmp_path_factory, write_vocab_gguf):
+def spm_pair(request, tmp_path_factory, write_vocab_gguf, load_gguf_tokenizer):
     sp = _sentencepiece(request.param)
     path = write_vocab_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", "olmoe", _spm_meta(sp, request.param))
     import os
     os.environ["RADIXSERVE_NO_GGUF_CACHE"] = "1"  # module scope: outside gguf_cache_dir's reach
     try:
-        return sp, get_tokenizer(str(path))
+        return sp, load_gguf_tokenizer(str(path))
     finally:
         del os.environ["RADIXSERVE_NO_GGUF_CACHE"]
 
