@@ -109,9 +109,9 @@ def _stream(f: GGUFFile, plan: list[tuple[str, str, int | None]], norm_offset: f
 
 
 def get_gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """A fast tokenizer built by transformers from the GGUF vocabulary, with the file's chat template.
+    """A fast tokenizer built from the GGUF's vocabulary metadata, with the file's chat template.
 
-    Cached per file, in memory and on disk: building it re-parses the whole GGUF (several seconds).
+    Cached per file, in memory and on disk: recovering a SentencePiece vocabulary's merges takes seconds.
     """
     real = os.path.realpath(path)
     stat = os.stat(real)
@@ -130,21 +130,12 @@ def _tokenizer_cached(path: str, mtime_ns: int, size: int) -> PreTrainedTokenize
 
 
 def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    f = open_gguf(path)  # validates the file first, for a clear error on a corrupt one
-    folder, name = os.path.split(path)
-    # transformers is imported lazily: weights and configs load without paying for it.
-    from transformers import AutoTokenizer
+    """Built from the file's own `tokenizer.ggml.*` metadata (any architecture; see gguf_tokenizer)."""
+    from radixserve.model_loader.gguf_tokenizer import build_gguf_tokenizer
+    from radixserve.model_loader.gguf_vocab import read_gguf_vocab
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    except Exception as exc:  # transformers raises a variety of types for an unusable vocabulary
-        raise ValueError(f"cannot build a tokenizer from GGUF file {path}: {exc}") from exc
-    if not tokenizer.is_fast:
-        raise ValueError(f"transformers built a slow tokenizer from {path}; a fast one is required")
-    template = f.get("tokenizer.chat_template", None)
-    if template:
-        # Take the template straight from the file so it is exactly what the model was released with.
-        tokenizer.chat_template = template
+    tokenizer = build_gguf_tokenizer(read_gguf_vocab(open_gguf(path)))
+    tokenizer.name_or_path = os.path.dirname(path)  # what a cached copy reports too
     return tokenizer
 
 

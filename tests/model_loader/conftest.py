@@ -194,3 +194,47 @@ def gguf_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def gguf_tools() -> dict[str, Any]:
     """The helpers above, for tests that need them directly (tests cannot import a conftest)."""
     return {"gguf_name": gguf_name, "permute": llama_cpp_permute, "hf_shapes": hf_shapes}
+
+
+def _write_vocab_gguf(path: Path, arch: str, meta: dict[str, Any]) -> Path:
+    """A GGUF holding `meta` (None values dropped) and one small tensor."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in meta.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_array(key, list(value))
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def write_vocab_gguf() -> Callable[[Path, str, dict[str, Any]], Path]:
+    """`write_vocab_gguf(path, arch, meta)`: a GGUF holding tokenizer (or any) metadata and one tensor."""
+    return _write_vocab_gguf
+
+
+@pytest.fixture(scope="session")
+def load_gguf_tokenizer() -> Callable[[str], Any]:
+    """The GGUF tokenizer loader (disk cache included) without its per-process lru cache, so tests that load
+    many small files do not evict the session's default-model tokenizer from it."""
+    import os
+
+    from radixserve.model_loader import gguf as gguf_loader
+
+    def load(path: str) -> Any:
+        real = os.path.realpath(path)
+        stat = os.stat(real)  # an unreadable path fails in open_gguf below, like get_tokenizer
+        return gguf_loader._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size)
+
+    return load
