@@ -66,7 +66,7 @@ def test_engine_greedy_equals_transformers(tiny_moe, default_model_path, tmp_pat
     metrics = ServerMetrics("m")
     metrics.refresh({"dp": [{"dp_rank": 0, "moe_expert_tokens": info["moe_expert_tokens"]}]})
     text = metrics.render().decode()
-    assert f'radixserve:moe_expert_tokens{{model_name="m",dp_rank="0",expert="3"}} {float(total[3])}' in text
+    assert f'radixserve:moe_expert_tokens{{dp_rank="0",expert="3",model_name="m"}} {float(total[3])}' in text
     assert "radixserve:moe_load_imbalance" in text
 
 
