@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 # The most experts / top-k a layer may have: the counts in use are far below (Qwen3: 128 / 8, Qwen3-Next 512 /
 # 10, DeepSeek-V3 256 / 8, Kimi K2 384 / 8); a config past them is a corrupt or lying file, refused before a
 # single [experts, ...] weight is allocated.
