@@ -58,6 +58,7 @@ class StepRecord:
     build_s: float  # ModelWorkerBatch -> ForwardBatch (ForwardBatch.init_new)
     forward_s: float
     sample_s: float
+    expert_load: dict[int, list[int]] | None = None  # MoE: tokens per expert of each sparse layer (layers/moe/)
 
     @classmethod
     def capture(cls, step: int, batch: ScheduleBatch, result: GenerationBatchResult, sched: Scheduler,
@@ -85,11 +86,17 @@ class StepRecord:
             chunked.rid if chunked is not None else None, len(waiting), len(sched.running_batch.reqs),
             sched.wait_reason if waiting else None, sched.allocator.available_size(),
             sched.tree_cache.total_size(), sched.new_token_ratio, spec_drafts, spec_accepted, fb.forward_mode, fb.batch_size,
-            num_tokens, num_prefill, *timing,
+            num_tokens, num_prefill, *timing, _take_expert_load(sched),
         )
 
     def to_json(self) -> dict[str, Any]:
         """The record as the trace file and the HTTP endpoints carry it."""
+        out = self._to_json()
+        if self.expert_load is not None:
+            out["moe"] = {"expert_load": {str(layer): c for layer, c in self.expert_load.items()}}
+        return out
+
+    def _to_json(self) -> dict[str, Any]:
         positions = [min(self.prefix_lens), max(self.seq_lens) - 1] if self.seq_lens else None
         return {
             "step": self.step,
@@ -125,6 +132,13 @@ class StepRecord:
                 "sample_ms": round(self.sample_s * 1e3, 3),
             },
         }
+
+
+def _take_expert_load(sched: Scheduler) -> dict[int, list[int]] | None:
+    from radixserve.layers.moe.expert_load import model_expert_load
+
+    load = model_expert_load(sched.model_runner.model)
+    return None if load is None else load.take()
 
 
 class BatchTracer:

@@ -100,6 +100,10 @@ def check_model_fits(cfg: ModelConfig, tp_size: int, pp_size: int) -> None:
         raise ValueError(f"tp_size ({tp_size}) is neither a divisor nor a multiple of the kv heads "
                          f"({cfg.num_key_value_heads})")
     divides(cfg.intermediate_size, "MLP intermediate size")
+    if cfg.num_experts:  # every expert's intermediate dimension splits like the dense MLP's
+        divides(cfg.moe_intermediate_size, "expert intermediate size")
+        if cfg.shared_expert_intermediate_size:
+            divides(cfg.shared_expert_intermediate_size, "shared expert intermediate size")
     if pp_size > cfg.num_hidden_layers:
         raise ValueError(f"pp_size ({pp_size}) is larger than the model's {cfg.num_hidden_layers} layers "
                          "(every pipeline stage needs at least one)")

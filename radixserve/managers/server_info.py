@@ -31,6 +31,7 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         "deterministic_inference": s.model_runner.deterministic,
         "generation_tokens": s.stats["generation_tokens"],
         **SpecWorker.info(s.spec_worker),
+        **_moe_info(s),
         "prompt_tokens": s.stats["prompt_tokens"],
         "context_len": s.model_config.context_len,
         # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is
@@ -43,6 +44,13 @@ def server_info(s: Scheduler) -> dict[str, Any]:
     }
 
 
+def _moe_info(s: Scheduler) -> dict[str, Any]:
+    from radixserve.layers.moe.expert_load import model_expert_load
+
+    load = model_expert_load(s.model_runner.model)
+    return {} if load is None else load.info()
+
+
 # Merged by a rule other than the sum (the rest of the numbers, nested ones too, add up over replicas).
 _SAME = ("context_len", "deterministic_inference")  # a property of the configuration: replica 0's
 _MAX = ("failed_forward_streak", "last_step", "scheduler_time")
@@ -50,7 +58,8 @@ _MIN = ("oldest_step",)
 # What each replica's entry of "dp" shows (besides the router's counts, added by the caller).
 DP_KEYS = ("num_running_reqs", "num_waiting_reqs", "cache_hit_rate", "cached_tokens", "prompt_tokens",
            "generation_tokens", "max_total_num_tokens", "num_used_tokens", "num_cached_tokens", "num_failed_reqs",
-           "num_timed_out_reqs", "num_retractions", "failed_forward_streak", "spec_accept_length")
+           "num_timed_out_reqs", "num_retractions", "failed_forward_streak", "spec_accept_length",
+           "moe_expert_tokens")
 
 
 def _sum(values: list[Any]) -> Any:

@@ -19,6 +19,7 @@ from radixserve.model_loader.gguf_file import (
     open_gguf,
     unsupported_type_message,
 )
+from radixserve.model_loader.gguf_moe import required_stems
 from radixserve.model_loader.gguf_names import hf_parameter_name, permuted_head_count, unpermute_rows
 from radixserve.model_loader.model_config import ModelConfig
 
@@ -72,7 +73,7 @@ def _tensor_plan(f: GGUFFile) -> list[tuple[str, str, int | None]]:
     type checked first, so an unsupported file fails before anything is read."""
     record = gguf_record(f)
     cfg = gguf_hf_config(f)
-    _check_required_tensors(f, record.required, cfg["num_hidden_layers"])
+    _check_required_tensors(f, required_stems(record.required, cfg), cfg["num_hidden_layers"])
     plan: list[tuple[str, str, int | None]] = []
     for gguf_name, tensor in f.tensors.items():
         hf_name = hf_parameter_name(gguf_name, record.block_names)

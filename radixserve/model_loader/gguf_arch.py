@@ -13,6 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.model_loader.gguf_moe import (
+    MOE_BLOCK,
+    MOE_STEMS,
+    SHARED_EXPERT_BLOCK,
+    SHARED_EXPERT_STEMS,
+    moe_config,
+)
+
 Meta = Callable[[str, Any], Any]  # meta(key without the "{arch}." prefix, default) -> value
 
 # Per-block tensor stem -> HF sub-module, for the Llama baseline. Norms and the MLP carry no bias in the
@@ -90,6 +98,25 @@ def _phi3(meta: Meta, cfg: dict) -> dict:
     return extra
 
 
+def _llama(meta: Meta, cfg: dict) -> dict:
+    # Mixtral: a llama file with experts
+    experts = moe_config(meta, cfg, experts_key="num_local_experts", size_key="intermediate_size", renormalize=True)
+    return {**_sliding_everywhere(meta, cfg), **experts, **({"architectures": ["MixtralForCausalLM"]} if experts else {})}
+
+
+def _qwen3moe(meta: Meta, cfg: dict) -> dict:
+    return moe_config(meta, cfg, experts_key="num_experts", size_key="moe_intermediate_size", renormalize=True)
+
+
+def _qwen2moe(meta: Meta, cfg: dict) -> dict:
+    return moe_config(meta, cfg, experts_key="num_experts", size_key="moe_intermediate_size", renormalize=False,
+                      shared=True)
+
+
+def _olmoe(meta: Meta, cfg: dict) -> dict:
+    return moe_config(meta, cfg, experts_key="num_experts", size_key="intermediate_size", renormalize=False)
+
+
 @dataclass(frozen=True)
 class GGUFArchitecture:
     """One llama.cpp architecture."""
@@ -108,9 +135,10 @@ class GGUFArchitecture:
 _LLAMA_REQUIRED = frozenset({"attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
                              "ffn_up", "ffn_down"})
 _GEMMA_REQUIRED = _LLAMA_REQUIRED | {"post_attention_norm", "post_ffw_norm"}
+_MOE_REQUIRED = (_LLAMA_REQUIRED - {"ffn_gate", "ffn_up", "ffn_down"}) | MOE_STEMS
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
-    "llama": GGUFArchitecture("LlamaForCausalLM", _LLAMA_BLOCK, permuted_qk=True, config=_sliding_everywhere,
+    "llama": GGUFArchitecture("LlamaForCausalLM", {**_LLAMA_BLOCK, **MOE_BLOCK}, permuted_qk=True, config=_llama,
                               required=_LLAMA_REQUIRED),
     "mistral": GGUFArchitecture("MistralForCausalLM", _LLAMA_BLOCK, permuted_qk=True, config=_sliding_everywhere,
                                 required=_LLAMA_REQUIRED),
@@ -122,4 +150,11 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gemma3": GGUFArchitecture("Gemma3ForCausalLM", {**_GEMMA_BLOCK, **_QK_NORM}, norm_offset=1.0, config=_gemma3,
                                required=_GEMMA_REQUIRED | set(_QK_NORM)),
     "phi3": GGUFArchitecture("Phi3ForCausalLM", _PHI3_BLOCK, config=_phi3, required=frozenset(_PHI3_BLOCK)),
+    # mixture of experts (gguf_moe.py): every layer sparse
+    "qwen3moe": GGUFArchitecture("Qwen3MoeForCausalLM", {**_LLAMA_BLOCK, **_QK_NORM, **MOE_BLOCK}, config=_qwen3moe,
+                                 required=_MOE_REQUIRED | set(_QK_NORM)),
+    "qwen2moe": GGUFArchitecture("Qwen2MoeForCausalLM", {**_LLAMA_BLOCK, **MOE_BLOCK, **SHARED_EXPERT_BLOCK},
+                                 config=_qwen2moe, required=_MOE_REQUIRED | SHARED_EXPERT_STEMS),
+    "olmoe": GGUFArchitecture("OlmoeForCausalLM", {**_LLAMA_BLOCK, **_QK_NORM, **MOE_BLOCK}, config=_olmoe,
+                              required=_MOE_REQUIRED | set(_QK_NORM)),
 }

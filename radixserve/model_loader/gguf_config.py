@@ -6,6 +6,7 @@ from typing import Any
 
 from radixserve.model_loader.gguf_arch import GGUF_ARCHITECTURES, GGUFArchitecture
 from radixserve.model_loader.gguf_file import GGUFFile
+from radixserve.model_loader.gguf_moe import check_expert_tensors
 from radixserve.model_loader.gguf_rope import gguf_rope_scaling
 
 # Token ids llama.cpp treats as end-of-generation, besides plain EOS (end-of-turn, end-of-message).
@@ -78,7 +79,8 @@ def gguf_hf_config(f: GGUFFile) -> dict[str, Any]:
         "eos_token_id": [f.get(key) for key in _EOS_KEYS if f.has(key)],
     }
     extra = record.config(meta, cfg)
-    return {**cfg, **{k: v for k, v in extra.items() if v is not None}}
+    cfg = {**cfg, **{k: v for k, v in extra.items() if v is not None}}
+    return check_expert_tensors(f, cfg)  # a MoE file's metadata against its 3-D expert tensors
 
 
 def _vocab_size(f: GGUFFile, arch: str) -> int:

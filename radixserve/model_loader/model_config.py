@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.model_loader.moe_config import MOE_SPECS, moe_fields
+
 # model_type -> architecture, for configs that lack an `architectures` list.
 _ARCH_FROM_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
@@ -18,6 +20,11 @@ _ARCH_FROM_MODEL_TYPE = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    # mixture of experts (moe_config.py)
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 _DEFAULT_ROPE_THETA = 10000.0
@@ -36,6 +43,7 @@ class ArchSpec:
     sandwich_norms: bool = False  # four norms a block: around attention and around the MLP (Gemma 2/3)
     norm_offset: float = 0.0  # checkpoint norms store w, the layer multiplies by (offset + w) (Gemma: 1)
     embed_scale_by_sqrt_hidden: bool = False  # Gemma multiplies the embeddings by sqrt(hidden)
+    qk_norm_full: bool = False  # the QK-norm spans the whole q / k projection, not each head (OLMoE)
     implements: frozenset[str] = frozenset()  # arithmetic keys of ARITHMETIC_KEYS this architecture honours
 
 
@@ -59,7 +67,12 @@ ARITHMETIC_KEYS: dict[str, Any] = {
     "attention_multiplier": lambda v: v is None,
     "rope_local_base_freq": lambda v: v is None,
     "layer_types": lambda v: v is None or all(t == FULL for t in v),
+    "shared_expert_intermediate_size": lambda v: not v,
+    "clip_qkv": lambda v: v is None,
+    "qkv_bias": lambda v: v is None or bool(v),  # Qwen2-MoE's; True is what its attention always has
 }
+
+_MOE_KEYS = frozenset({"num_experts", "num_local_experts", "moe_intermediate_size", "shared_expert_intermediate_size"})
 
 ARCH_SPECS: dict[str, ArchSpec] = {
     "LlamaForCausalLM": ArchSpec(implements=frozenset({"sliding_window"})),  # GGUF "llama" files of Mistral v0.1
@@ -75,6 +88,11 @@ ARCH_SPECS: dict[str, ArchSpec] = {
         qk_norm=True, sandwich_norms=True, norm_offset=1.0, embed_scale_by_sqrt_hidden=True,
         implements=frozenset({"sliding_window", "layer_types", "attn_logit_softcapping",
                               "final_logit_softcapping", "query_pre_attn_scalar", "rope_local_base_freq"})),
+    # mixture of experts: the experts' keys are read by moe_config.moe_fields
+    "Qwen3MoeForCausalLM": ArchSpec(qk_norm=True, implements=_MOE_KEYS | {"sliding_window", "layer_types"}),
+    "Qwen2MoeForCausalLM": ArchSpec(qkv_bias=True, implements=_MOE_KEYS | {"sliding_window", "layer_types"}),
+    "OlmoeForCausalLM": ArchSpec(qk_norm=True, qk_norm_full=True, implements=_MOE_KEYS),
+    "MixtralForCausalLM": ArchSpec(implements=_MOE_KEYS | {"sliding_window"}),
 }
 
 # hidden activations the gated MLP implements, by the spellings configs use
@@ -117,6 +135,14 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     # max_position_embeddings as trained (YaRN / LongRoPE derive defaults from it, never from an override)
     trained_context_len: int = 0
+    # mixture of experts (moe_config.py; layers/moe/): num_experts 0 is a dense model
+    qk_norm_full: bool = False  # QK-norm over the whole q / k width (OLMoE), not per head
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each routed expert's
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert (Qwen2-MoE has one)
+    moe_layers: tuple[int, ...] = ()  # the sparse layers; the others run the dense MLP
 
     def layer_window(self, layer_id: int) -> int | None:
         """The sliding window of layer `layer_id` (None: global attention)."""
@@ -208,7 +234,14 @@ class ModelConfig:
             attn_logit_softcap=_cap(cfg, "attn_logit_softcapping", spec),
             final_logit_softcap=_cap(cfg, "final_logit_softcapping", spec),
             trained_context_len=_optional_int(cfg, "max_position_embeddings") or _DEFAULT_CONTEXT_LEN,
+            qk_norm_full=spec.qk_norm_full,
+            **_moe(cfg, architecture, num_layers),
         )
+
+
+def _moe(cfg: dict, architecture: str, num_layers: int) -> dict[str, Any]:
+    spec = MOE_SPECS.get(architecture)
+    return {} if spec is None else vars(moe_fields(cfg, spec, num_layers))
 
 
 def _cap(cfg: dict, key: str, spec: ArchSpec) -> float | None:

@@ -60,6 +60,10 @@ class LayerArithmetic:
     partial_rotary: bool  # RoPE on the leading dims of a head only
     sliding_window: int | None
     logit_cap: float | None
+    # mixture of experts (layers/moe/): "dense" gated MLP | "moe" routed experts; QK-norm over the whole
+    # q / k width instead of per head (OLMoE)
+    mlp: str = "dense"
+    qk_norm_full: bool = False
 
 
 class _AnyValue:
@@ -102,6 +106,7 @@ DECODE_STACK_LAYERS = LayerArithmeticSet(
     norms=frozenset({"pre", "sandwich"}), qk_norm=frozenset({False, True}),
     activation=frozenset({"silu", "gelu_tanh"}), qkv_bias=frozenset({False, True}),
     partial_rotary=frozenset({False}), sliding_window=ANY_VALUE, logit_cap=ANY_VALUE,
+    mlp=frozenset({"dense"}), qk_norm_full=frozenset({False}),
 )
 
 
@@ -132,6 +137,13 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # the width each QK-norm spans: one head, or (OLMoE) this rank's whole q / k
+        self.q_norm_width = self.k_norm_width = cfg.head_dim
+        if cfg.qk_norm and cfg.qk_norm_full:
+            from radixserve.layers.sharded_rms_norm import full_width_qk_norms
+
+            self.q_norm, self.k_norm = full_width_qk_norms(self.qkv_proj, cfg.rms_norm_eps, ps)
+            self.q_norm_width, self.k_norm_width = self.q_size, self.kv_size
         self.rotary_emb = rotary_emb  # shared by the layers of one RoPE base (one cos/sin gather per step)
         self.attn = RadixAttention(
             self.qkv_proj.num_heads, cfg.head_dim, cfg.scaling, self.qkv_proj.num_kv_heads, layer_id,
@@ -145,8 +157,8 @@ class Attention(nn.Module):
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         else:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view(n, -1)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view(n, -1)
+            q = self.q_norm(q.reshape(-1, self.q_norm_width)).view(n, -1)
+            k = self.k_norm(k.reshape(-1, self.k_norm_width)).view(n, -1)
             qk = torch.cat([q, k], dim=-1)
         # q and k heads are adjacent: rotate them in one pass
         qk = self.rotary_emb.rotate_heads(positions, qk.view(n, -1, self.head_dim)).view(n, -1)
@@ -162,7 +174,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, ps: ParallelState, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer_id, ps, rotary_emb)
-        self.mlp = GatedMLP(cfg, ps)
+        if layer_id in cfg.moe_layers:  # routed experts (layers/moe/)
+            from radixserve.layers.moe import SparseMoeBlock
+
+            self.mlp = SparseMoeBlock(cfg, layer_id, ps)
+        else:
+            self.mlp = GatedMLP(cfg, ps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.sandwich = cfg.sandwich_norms
@@ -275,6 +292,7 @@ class CausalLM(nn.Module):
             norms="sandwich" if cfg.sandwich_norms else "pre", qk_norm=cfg.qk_norm, activation=cfg.hidden_act,
             qkv_bias=cfg.attention_bias, partial_rotary=cfg.rotary_dim != 0,
             sliding_window=cfg.layer_window(layer_id), logit_cap=cfg.attn_logit_softcap,
+            mlp="moe" if layer_id in cfg.moe_layers else "dense", qk_norm_full=cfg.qk_norm_full,
         )
 
     @torch.inference_mode()

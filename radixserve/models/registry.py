@@ -16,6 +16,11 @@ MODEL_REGISTRY: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("radixserve.models.gemma", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("radixserve.models.gemma", "Gemma3ForCausalLM"),
     "Phi3ForCausalLM": ("radixserve.models.phi3", "Phi3ForCausalLM"),
+    # mixture of experts
+    "Qwen3MoeForCausalLM": ("radixserve.models.moe", "Qwen3MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("radixserve.models.moe", "Qwen2MoeForCausalLM"),
+    "OlmoeForCausalLM": ("radixserve.models.moe", "OlmoeForCausalLM"),
+    "MixtralForCausalLM": ("radixserve.models.moe", "MixtralForCausalLM"),
 }
 
 
