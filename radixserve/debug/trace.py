@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixserve.layers.moe.expert_load import model_expert_load
 from radixserve.model_executor.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
@@ -135,7 +136,6 @@ class StepRecord:
 
 
 def _take_expert_load(sched: Scheduler) -> dict[int, list[int]] | None:
-    from radixserve.layers.moe.expert_load import model_expert_load
 
     load = model_expert_load(sched.model_runner.model)
     return None if load is None else load.take()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from radixserve.layers.moe.expert_load import model_expert_load
 from radixserve.speculative.spec_worker import SpecWorker
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ def server_info(s: Scheduler) -> dict[str, Any]:
 
 
 def _moe_info(s: Scheduler) -> dict[str, Any]:
-    from radixserve.layers.moe.expert_load import model_expert_load
 
     load = model_expert_load(s.model_runner.model)
     return {} if load is None else load.info()

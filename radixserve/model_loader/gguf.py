@@ -21,6 +21,8 @@ from radixserve.model_loader.gguf_file import (
 )
 from radixserve.model_loader.gguf_moe import required_stems
 from radixserve.model_loader.gguf_names import hf_parameter_name, permuted_head_count, unpermute_rows
+from radixserve.model_loader.gguf_tokenizer import build_gguf_tokenizer
+from radixserve.model_loader.gguf_vocab import read_gguf_vocab
 from radixserve.model_loader.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -132,8 +134,6 @@ def _tokenizer_cached(path: str, mtime_ns: int, size: int) -> PreTrainedTokenize
 
 def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
     """Built from the file's own `tokenizer.ggml.*` metadata (any architecture; see gguf_tokenizer)."""
-    from radixserve.model_loader.gguf_tokenizer import build_gguf_tokenizer
-    from radixserve.model_loader.gguf_vocab import read_gguf_vocab
 
     tokenizer = build_gguf_tokenizer(read_gguf_vocab(open_gguf(path)))
     tokenizer.name_or_path = os.path.dirname(path)  # what a cached copy reports too

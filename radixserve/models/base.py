@@ -38,8 +38,10 @@ from radixserve.layers.activation import gated_activation
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from radixserve.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from radixserve.layers.moe import SparseMoeBlock
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.layers.rotary_embedding import RotaryEmbedding
+from radixserve.layers.sharded_rms_norm import full_width_qk_norms
 from radixserve.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from radixserve.model_executor.forward_batch_info import PPProxyTensors
 
@@ -140,7 +142,6 @@ class Attention(nn.Module):
         # the width each QK-norm spans: one head, or (OLMoE) this rank's whole q / k
         self.q_norm_width = self.k_norm_width = cfg.head_dim
         if cfg.qk_norm and cfg.qk_norm_full:
-            from radixserve.layers.sharded_rms_norm import full_width_qk_norms
 
             self.q_norm, self.k_norm = full_width_qk_norms(self.qkv_proj, cfg.rms_norm_eps, ps)
             self.q_norm_width, self.k_norm_width = self.q_size, self.kv_size
@@ -175,7 +176,6 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, layer_id, ps, rotary_emb)
         if layer_id in cfg.moe_layers:  # routed experts (layers/moe/)
-            from radixserve.layers.moe import SparseMoeBlock
 
             self.mlp = SparseMoeBlock(cfg, layer_id, ps)
         else:
