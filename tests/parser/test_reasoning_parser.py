@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +36,7 @@ def _streamed(name: str, state: PromptState, pieces: list[str]) -> tuple[str | N
 def test_any_split_gives_the_whole_split(case, cuts) -> None:
     name, state, text = case
     marks = sorted({min(k, len(text)) for k in cuts} | {0, len(text)})
-    pieces = [text[a:b] for a, b in zip(marks, marks[1:])]
+    pieces = [text[a:b] for a, b in pairwise(marks)]
     assert _streamed(name, state, pieces) == ReasoningParser(name, state).parse(text)
 
 
