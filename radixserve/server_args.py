@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_args, get_origin
 
 from radixserve.distributed.host_port import parse_host_port
+from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
 from radixserve.parser.reasoning_parser import REASONING_PARSER_NAMES
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -29,7 +30,6 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # mana
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3", "mistral")  # function_call/tool_parser.py
 SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
 
 
@@ -186,8 +186,8 @@ class ServerArgs:
         30.0, "seconds a request may wait for its grammar to compile before it fails with a 400 (0 < t <= 3600)"
     )
     tool_call_parser: str = _knob(
-        "auto", "auto | hermes | llama3 | mistral: the model's tool-call format, parsed out of its output "
-        "(auto = read from the chat template; hermes for templates without tool support)"
+        "auto", f"{' | '.join(TOOL_CALL_PARSERS)}: the model's tool-call format, parsed out of its output "
+        "(auto = read from the chat template; hermes for templates without tool support; docs/tool_calls.md)"
     )
     # --- reasoning (parser/) ---
     reasoning_parser: str | None = _knob(
@@ -331,7 +331,7 @@ class ServerArgs:
         if self.thinking_budget is not None and (self.reasoning_parser is None or self.thinking_budget < 1):
             bad("thinking_budget", f"must be >= 1 and needs --reasoning-parser, got {self.thinking_budget}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
-            bad("tool_call_parser", f"must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
+            bad("tool_call_parser", f"unknown format {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
         if not 0 <= self.node_rank < self.nnodes:
             bad("node_rank", f"must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.context_length is not None and self.context_length < 2:

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: messages -> the tokenizer's chat template -> generation.
 
 Tools: `tools` are rendered through the template (function_call/tool_prompt.py), the output is
-parsed by the model's tool-call format (function_call/tool_parser.py) into `message.tool_calls`,
+parsed by the model's tool-call format (function_call/<format>_detector.py) into `message.tool_calls`,
 and tool_choice "required" or a named function adds the structural tag that forces that format
 with each function's parameter schema, so the arguments always parse and validate.
 """
@@ -82,7 +82,8 @@ class _Tools:
         self.forced = self.active and (choice == "required" or self.named is not None)
 
     def parser(self) -> ToolCallParser:
-        return ToolCallParser.create(self.parser_name)
+        # the request's tools: calls to other names are dropped, and non-JSON formats read the types
+        return ToolCallParser.create(self.parser_name, self.defs)
 
     def structural_tag(self) -> dict[str, Any] | None:
         return self.parser().structural_tag(self.defs, self.named, self.parallel) if self.forced else None
@@ -174,7 +175,8 @@ class OpenAIServingChat(OpenAIServingBase):
             plain.append(d)
         if not self.tokenizer.chat_template:
             raise APIError(400, NO_TEMPLATE, "messages")
-        plain, extra = render_for_template(plain, tools, template_supports_tools(self.tokenizer.chat_template))
+        plain, extra = render_for_template(plain, tools, template_supports_tools(self.tokenizer.chat_template),
+                                           ToolCallParser.create(self.tool_parser_name))
         try:
             return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False,
                                                   **{**(template_kwargs or {}), **extra})
