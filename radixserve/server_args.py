@@ -13,7 +13,7 @@ from typing import Any, get_args, get_origin
 
 from radixserve.distributed.host_port import parse_host_port
 from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
-from radixserve.parser.reasoning_parser import REASONING_PARSER_NAMES
+from radixserve.parser.reasoning_args import REASONING_PARSER_NAMES, check_reasoning_args
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 API_KEY_ENV = "RADIXSERVE_API_KEY"
@@ -189,16 +189,10 @@ class ServerArgs:
         "auto", f"{' | '.join(TOOL_CALL_PARSERS)}: the model's tool-call format, parsed out of its output "
         "(auto = read from the chat template; hermes for templates without tool support; docs/tool_calls.md)"
     )
-    # --- reasoning (parser/) ---
-    reasoning_parser: str | None = _knob(
-        None, "deepseek-r1 | qwen3 | auto: split <think> reasoning out of chat answers into "
-        "message.reasoning_content (auto = read from the chat template); constraints and tool grammars "
-        "then start after the thinking"
-    )
-    thinking_budget: int | None = _knob(
-        None, "default thinking budget in tokens (a request's thinking_budget overrides it): past it "
-        "</think> is forced and the answer follows; needs --reasoning-parser"
-    )
+    # --- reasoning (parser/; docs/reasoning.md) ---
+    reasoning_parser: str | None = _knob(None, f"{' | '.join(REASONING_PARSER_NAMES)}: split <think> reasoning "
+                                         "out of chat answers, grammars start after it (auto: from the template)")
+    thinking_budget: int | None = _knob(None, "default thinking budget in tokens: past it </think> is forced")
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(
@@ -326,10 +320,7 @@ class ServerArgs:
             bad("grammar_cache_size", f"must be in [1, 100000], got {self.grammar_cache_size}")
         if not 0 < self.grammar_compile_timeout <= 3600:
             bad("grammar_compile_timeout", f"must be in (0, 3600] seconds, got {self.grammar_compile_timeout}")
-        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSER_NAMES:
-            bad("reasoning_parser", f"unknown parser {self.reasoning_parser!r}; known: {', '.join(REASONING_PARSER_NAMES)}")
-        if self.thinking_budget is not None and (self.reasoning_parser is None or self.thinking_budget < 1):
-            bad("thinking_budget", f"must be >= 1 and needs --reasoning-parser, got {self.thinking_budget}")
+        check_reasoning_args(self, bad)  # parser/reasoning_args.py
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             bad("tool_call_parser", f"unknown format {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
         if not 0 <= self.node_rank < self.nnodes:

@@ -105,8 +105,8 @@ class OpenAIServingChat(OpenAIServingBase):
         constraint, renames = self.constraint(req, tools.structural_tag())
         # max_tokens absent: generate until EOS or the context is full (default_max_new_tokens -1).
         subs, _ = self.normalize(GenerateReqInput(
-            text=prompt, sampling_params={**self.sampling_dict(req, max_new), **constraint, **reasoning.sampling(prompt)},
-            rid=rid,
+            text=prompt, rid=rid,
+            sampling_params={**self.sampling_dict(req, max_new), **constraint, **reasoning.sampling(prompt)},
             return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,
             default_max_new_tokens=-1,  # the tokenizer's BOS rule; a template's own BOS is not doubled
         ), {**OPENAI_RENAMES, **renames})
@@ -125,13 +125,13 @@ class OpenAIServingChat(OpenAIServingBase):
             if req.logprobs:
                 logprobs = ChatLogprobs(content=self._logprobs(all_logprob_items(out), top_k))
             # the thinking first: a tool call written inside it is never parsed as a call
-            thought, text = reasoning.split(out["text"])
-            message = ChatResponseMessage(content=text)
+            thought, kept, text = reasoning.split(out["text"])
+            message = ChatResponseMessage(content=kept + text)
             if tools.active:
                 content, calls = tools.parser().parse(text)
                 calls = calls if tools.parallel else calls[:1]
                 if calls:
-                    message = ChatResponseMessage(content=content or None, tool_calls=[
+                    message = ChatResponseMessage(content=(kept + content) or None, tool_calls=[
                         ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
                         for c in calls])
                     reason = "tool_calls" if reason == "stop" else reason
@@ -179,7 +179,7 @@ class OpenAIServingChat(OpenAIServingBase):
                                            ToolCallParser.create(self.tool_parser_name))
         try:
             return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False,
-                                                  **{**(template_kwargs or {}), **extra})
+                                                      **{**(template_kwargs or {}), **extra})
         except Exception as e:  # noqa: BLE001  # a template's own raise_exception(...) is a client error
             raise APIError(400, f"messages: the chat template rejected them: {e}", "messages") from None
 
@@ -233,15 +233,11 @@ class OpenAIServingChat(OpenAIServingBase):
                 logprobs = None
                 if req.logprobs:
                     logprobs = ChatLogprobs(content=self._logprobs(new_logprob_items(out), top_k))
-                parser, text = parsers[i], out["delta"]
-                if thinkers[i] is not None:  # reasoning deltas first; the tool parser sees only the answer
-                    split = thinkers[i].feed(text)
-                    if out["finished"]:
-                        rest = thinkers[i].finish()
-                        split.reasoning, split.content = split.reasoning + rest.reasoning, split.content + rest.content
-                    if (thought := reasoning.stream_delta(split)) is not None:
-                        yield chunk(i, thought)
-                    text = split.content
+                parser = parsers[i]
+                # reasoning deltas first; the tool parser sees only the answer
+                thought, text = reasoning.feed(thinkers[i], out["delta"], out["finished"])
+                if thought is not None:
+                    yield chunk(i, thought)
                 if parser is None:
                     if text or (logprobs and logprobs.content):
                         yield chunk(i, {"content": text}, logprobs)

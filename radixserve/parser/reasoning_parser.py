@@ -97,18 +97,30 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 
 class ReasoningParser:
-    """One output's split. `feed(delta)` returns what is now certain; `finish()` flushes the rest."""
+    """One output's split. `feed(delta)` returns what is now certain; `finish()` flushes the rest.
 
-    def __init__(self, parser: str, state: PromptState = PromptState.NONE) -> None:
+    `raw`: the thinking is returned verbatim, markers and whitespace included (separate_reasoning
+    false keeps it in the content), but it is still told apart from the answer, so a tool call written
+    inside it is never parsed as a call."""
+
+    def __init__(self, parser: str, state: PromptState = PromptState.NONE, raw: bool = False) -> None:
         if parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser: unknown parser {parser!r}; known: {', '.join(REASONING_PARSERS)}")
         start = starts_in_reasoning(parser, state)
         self.state = _State.START if start is None else (_State.REASONING if start else _State.CONTENT)
         # R1 may still write the opening tag itself when the template did not: drop one at the start
         self.may_open = state is not PromptState.OPENED and start is not False
+        self.raw = raw
         self.buf = ""  # text not yet emitted: a possible partial marker, or whitespace that may be trimmed
         self.reasoning_started = False  # leading whitespace of the reasoning is dropped
         self.content_started = False  # leading whitespace of the answer is dropped
+
+    def _open(self, out: ReasoningDelta) -> None:
+        """buf (after leading whitespace) starts with the opening tag: consume it."""
+        cut = len(self.buf) - len(self.buf.lstrip()) + len(THINK_START)
+        if self.raw:
+            out.reasoning += self.buf[:cut]
+        self.buf, self.may_open = self.buf[cut:], False
 
     def feed(self, text: str) -> ReasoningDelta:
         out = ReasoningDelta()
@@ -117,7 +129,8 @@ class ReasoningParser:
             if self.state is _State.START:
                 head = self.buf.lstrip()
                 if head.startswith(THINK_START):
-                    self.buf, self.state, self.may_open = head[len(THINK_START):], _State.REASONING, False
+                    self._open(out)
+                    self.state = _State.REASONING
                 elif head and not THINK_START.startswith(head):
                     self.state = _State.CONTENT  # not a thinking output: all content
                 else:
@@ -128,21 +141,23 @@ class ReasoningParser:
                     if THINK_START.startswith(head):
                         return out  # empty or maybe the opening tag: wait
                     if head.startswith(THINK_START):
-                        self.buf = head[len(THINK_START):]
+                        self._open(out)
                     self.may_open = False
                 end = self.buf.find(THINK_END)
                 if end >= 0:
-                    out.reasoning += self._reasoning_text(self.buf[:end], final=True)
+                    if self.raw:
+                        out.reasoning += self.buf[: end + len(THINK_END)]
+                    else:
+                        out.reasoning += self._reasoning_text(self.buf[:end], final=True)
                     self.buf, self.state = self.buf[end + len(THINK_END):], _State.CONTENT
                     continue
                 keep = _partial_suffix(self.buf, THINK_END)
                 ready, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep:]
-                text_ = self._reasoning_text(ready, final=False)
-                out.reasoning += text_
+                out.reasoning += ready if self.raw else self._reasoning_text(ready, final=False)
                 return out
             else:
                 if not self.content_started:
-                    self.buf = self.buf.lstrip()
+                    self.buf = self.buf if self.raw else self.buf.lstrip()
                     if not self.buf:
                         return out
                     self.content_started = True
@@ -171,11 +186,14 @@ class ReasoningParser:
         if self.state is _State.START:
             self.state = _State.CONTENT
         if self.state is _State.REASONING:
-            if self.may_open and THINK_START.startswith(self.buf.lstrip()):
-                self.buf = ""
-            out.reasoning = self._reasoning_text(self.buf, final=True)
+            if self.raw:
+                out.reasoning = self.buf
+            else:
+                if self.may_open and THINK_START.startswith(self.buf.lstrip()):
+                    self.buf = ""
+                out.reasoning = self._reasoning_text(self.buf, final=True)
         else:
-            out.content = self.buf if self.content_started else self.buf.lstrip()
+            out.content = self.buf if self.content_started or self.raw else self.buf.lstrip()
         self.buf = ""
         return out
 

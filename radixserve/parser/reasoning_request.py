@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from radixserve.entrypoints.openai_protocol import CompletionTokensDetails
 from radixserve.entrypoints.openai_serving import APIError
+from radixserve.parser.reasoning_args import check_thinking_budget
 from radixserve.parser.reasoning_parser import (
     PromptState,
     ReasoningDelta,
@@ -51,29 +53,34 @@ def check_template_kwargs(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def _budget(req: Any, context_len: int, default: int | None) -> tuple[int | None, str]:
-    given = [(n, getattr(req, n, None)) for n in ("thinking_budget", "max_thinking_tokens")]
-    given = [(n, v) for n, v in given if v is not None]
+def _budget(req: Any, context_len: int, default: int | None) -> tuple[int | None, str | None]:
+    """(the budget, the request field that gave it; None when it is the server's default)."""
+    given = [(n, v) for n in ("thinking_budget", "max_thinking_tokens") if (v := getattr(req, n, None)) is not None]
     if len(given) > 1:
         raise APIError(400, "max_thinking_tokens: is an alias of thinking_budget; give one", "max_thinking_tokens")
     if not given:
-        return default, "thinking_budget"
+        return default, None
     name, value = given[0]
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= context_len:
-        raise APIError(400, f"{name}: must be an int in [1, {context_len}] (the context length), got {value!r}",
-                       name)
+    try:
+        check_thinking_budget(value, context_len, name)
+    except ValueError as e:
+        raise APIError(400, str(e), name) from None
     return value, name
 
 
 class ChatReasoning:
+    """One chat request's reasoning: the template kwargs, the gate's sampling params, the split."""
+
     def __init__(self, req: Any, server_args: Any, chat_template: str | None, context_len: int) -> None:
         self.template_kwargs = check_template_kwargs(getattr(req, "chat_template_kwargs", None))
         self.parser_name = resolve_reasoning_parser(server_args.reasoning_parser, chat_template)
         self.separate = getattr(req, "separate_reasoning", True) is not False
-        self.budget, self.budget_field = _budget(req, context_len, server_args.thinking_budget)
-        if self.parser_name is None and self.budget is not None:
-            raise APIError(400, f"{self.budget_field}: this server has no reasoning parser (--reasoning-parser)",
-                           self.budget_field)
+        self.budget, field = _budget(req, context_len, server_args.thinking_budget)
+        if self.parser_name is None:
+            if field is not None:  # asked for by the client: refused, not dropped
+                raise APIError(400, f"{field}: this server splits no reasoning (start it with --reasoning-parser; "
+                               "with auto, the chat template has no <think> convention)", field)
+            self.budget = None  # --reasoning-parser auto on a template that does not think: nothing to budget
         self.state = PromptState.NONE
 
     @property
@@ -91,32 +98,39 @@ class ChatReasoning:
         return {"reasoning_start": THINKING if start else PENDING, "thinking_budget": self.budget}
 
     def parser(self) -> ReasoningParser | None:
-        """A fresh split for one choice; None when the text is not split (no parser, or
-        separate_reasoning false: the thinking stays in content)."""
-        if not self.active or not self.separate:
-            return None
-        return ReasoningParser(self.parser_name, self.state)
-
-    def split(self, text: str) -> tuple[str | None, str]:
-        parser = self.parser()
-        return (None, text) if parser is None else parser.parse(text)
-
-    @staticmethod
-    def stream_delta(delta: ReasoningDelta) -> dict[str, Any] | None:
-        if not delta.reasoning:
-            return None
-        return {"reasoning_content": delta.reasoning, "reasoning": delta.reasoning}
-
-    def reasoning_tokens(self, outs: list[dict[str, Any]]) -> int | None:
+        """A fresh split for one choice (None without a reasoning parser). With separate_reasoning false
+        the thinking comes back verbatim, to be kept in the content."""
         if not self.active:
             return None
-        return sum(o.get("meta_info", {}).get("reasoning_tokens", 0) for o in outs)
+        return ReasoningParser(self.parser_name, self.state, raw=not self.separate)
+
+    def split(self, text: str) -> tuple[str | None, str, str]:
+        """A finished output -> (reasoning_content, the thinking kept in content, the answer). The answer
+        alone goes to the tool parser: a call written inside the thinking is never a call."""
+        parser = self.parser()
+        if parser is None:
+            return None, "", text
+        thought, answer = parser.parse(text)
+        return (thought, "", answer) if self.separate else (None, thought or "", answer)
+
+    def feed(self, parser: ReasoningParser | None, text: str, finished: bool) -> tuple[dict[str, Any] | None, str]:
+        """One streamed delta -> (the reasoning delta to send first, or None; the answer text)."""
+        if parser is None:
+            return None, text
+        split = parser.feed(text)
+        if finished:
+            rest = parser.finish()
+            split = ReasoningDelta(split.reasoning + rest.reasoning, split.content + rest.content)
+        if not split.reasoning:
+            return None, split.content
+        if not self.separate:
+            return {"content": split.reasoning}, split.content
+        return {"reasoning_content": split.reasoning, "reasoning": split.reasoning}, split.content
 
     def add_usage(self, usage: Any, outs: list[dict[str, Any]]) -> Any:
-        """usage.completion_tokens_details.reasoning_tokens, with a reasoning parser."""
-        from radixserve.entrypoints.openai_protocol import CompletionTokensDetails
-
-        count = self.reasoning_tokens(outs)
-        if count is not None:
+        """usage.completion_tokens_details.reasoning_tokens, with a reasoning parser (the scheduler's
+        ThinkingGate counts them; 0 for an output that did not think)."""
+        if self.active:
+            count = sum((o.get("meta_info") or {}).get("reasoning_tokens", 0) for o in outs)
             usage.completion_tokens_details = CompletionTokensDetails(reasoning_tokens=count)
         return usage

@@ -8,6 +8,9 @@ the batch's vocabulary mask and speculative verification treat it as any grammar
   grammar (json_schema / regex / ebnf / the tool-call structural tag), if any, waits;
 - the thinking ends when the decoded output contains `</think>`; from the next token on the inner
   grammar constrains the answer;
+- "pending" (the prompt left the model free to open `<think>` or to answer at once, Qwen3's way): with
+  an inner grammar the mask allows what the grammar allows plus the next token of `<think>`'s canonical
+  tokens, so the output is either a thinking or a valid answer;
 - with a thinking budget, once `budget` tokens were thought the mask allows only the next token of
   `</think>` (its canonical token ids), so the end marker is forced and the answer follows.
 
@@ -39,12 +42,13 @@ class _Step:
 
 class ThinkingGate:
     def __init__(self, start: str, budget: int | None, end_ids: Sequence[int], vocab_size: int,
-                 decode: Callable[[list[int]], str], inner: Any = None) -> None:
+                 decode: Callable[[list[int]], str], inner: Any = None, start_ids: Sequence[int] = ()) -> None:
         if start not in REASONING_STARTS:
             raise ValueError(f"reasoning_start must be one of {REASONING_STARTS}, got {start!r}")
         self.phase = start
         self.budget = budget
         self.end_ids = list(end_ids)
+        self.start_ids = list(start_ids)  # `<think>`'s canonical tokens (the pending mask)
         self.vocab_size = vocab_size
         self.decode = decode
         self.inner = inner  # the request's own grammar, applied to the answer only
@@ -76,10 +80,16 @@ class ThinkingGate:
 
     def _advance_thinking(self, step: _Step) -> None:
         if self.phase == PENDING:
-            head = self.decode(self.tokens).lstrip()
-            if head.startswith(THINK_START):
+            if self.inner is not None:  # the mask allowed the canonical `<think>` tokens or the grammar's
+                k = len(self.tokens)
+                opening = self.tokens == self.start_ids[:k]
+                opened, answering = opening and k == len(self.start_ids), not opening
+            else:  # free text: any spelling of `<think>`, after any whitespace
+                head = self.decode(self.tokens).lstrip()
+                opened, answering = head.startswith(THINK_START), bool(head) and not THINK_START.startswith(head)
+            if opened:
                 self.phase = THINKING
-            elif head and not THINK_START.startswith(head):
+            elif answering:
                 # no thinking in this output: the tokens so far are the answer's first ones
                 self.phase, self.reasoning_tokens = "answer", 0
                 step.inner_accepted = self._feed_inner(self.tokens)
@@ -123,11 +133,30 @@ class ThinkingGate:
         elif self.phase == "answer":
             if self.inner is not None:
                 self.inner.fill(bitmask, row)
+        elif self.phase == PENDING and self.inner is not None:
+            self._fill_pending(bitmask, row)
         elif self.forced_pos >= 0:
             tok = self.end_ids[self.forced_pos]
             bitmask[row].zero_()
             bitmask[row, tok // 32] = _bit(tok % 32)
         # thinking: the row stays all-allowed (a fresh bitmask allows every token)
+
+    def _fill_pending(self, bitmask: Any, row: int) -> None:
+        """What the inner grammar allows after the tokens so far (when it accepts them: they may still
+        become the answer), plus the next token of `<think>` while they spell its start."""
+        k, fed = len(self.tokens), 0
+        for tok in self.tokens:
+            if not self.inner.accept(tok):
+                break
+            fed += 1
+        if fed == k:
+            self.inner.fill(bitmask, row)
+        else:
+            bitmask[row].zero_()
+        self.inner.rollback(fed)
+        if k < len(self.start_ids) and self.tokens == self.start_ids[:k]:
+            tok = self.start_ids[k]
+            bitmask[row, tok // 32] |= _bit(tok % 32)
 
     def allows_any_token(self) -> bool:
         if self.phase == "dead":
@@ -142,7 +171,7 @@ def _bit(k: int) -> int:
     return (1 << k) - (1 << 32) if k == 31 else 1 << k
 
 
-_END_IDS: dict[int, list[int]] = {}
+_MARKER_IDS: dict[int, tuple[list[int], list[int]]] = {}  # id(tokenizer) -> (<think>, </think>) token ids
 
 
 def gate_for(params: Any, tokenizer: Any, vocab_size: int) -> ThinkingGate | None:
@@ -150,14 +179,15 @@ def gate_for(params: Any, tokenizer: Any, vocab_size: int) -> ThinkingGate | Non
     reasoning parser is on), or None."""
     if params.reasoning_start is None:
         return None
-    end_ids = _END_IDS.get(id(tokenizer))
-    if end_ids is None:
-        end_ids = _END_IDS[id(tokenizer)] = list(tokenizer.encode(THINK_END, add_special_tokens=False))
+    ids = _MARKER_IDS.get(id(tokenizer))
+    if ids is None:
+        ids = _MARKER_IDS[id(tokenizer)] = tuple(list(tokenizer.encode(m, add_special_tokens=False))
+                                                 for m in (THINK_START, THINK_END))
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
-    return ThinkingGate(params.reasoning_start, params.thinking_budget, end_ids, vocab_size, decode)
+    return ThinkingGate(params.reasoning_start, params.thinking_budget, ids[1], vocab_size, decode, start_ids=ids[0])
 
 
 def wrap_compiled(req: Any) -> None:
