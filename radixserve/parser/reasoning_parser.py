@@ -157,7 +157,7 @@ class ReasoningParser:
                 return out
             else:
                 if not self.content_started:
-                    self.buf = self.buf if self.raw else self.buf.lstrip()
+                    self._strip_answer(out)
                     if not self.buf:
                         return out
                     self.content_started = True
@@ -193,9 +193,19 @@ class ReasoningParser:
                     self.buf = ""
                 out.reasoning = self._reasoning_text(self.buf, final=True)
         else:
-            out.content = self.buf if self.content_started or self.raw else self.buf.lstrip()
+            if not self.content_started:
+                self._strip_answer(out)
+            out.content = self.buf
         self.buf = ""
         return out
+
+    def _strip_answer(self, out: ReasoningDelta) -> None:
+        """The answer's leading whitespace is dropped; verbatim (raw), it goes with the thinking, so the
+        tool parser sees the answer from its first character either way."""
+        stripped = self.buf.lstrip()
+        if self.raw:
+            out.reasoning += self.buf[: len(self.buf) - len(stripped)]
+        self.buf = stripped
 
     def parse(self, text: str) -> tuple[str | None, str]:
         """Non-streaming: (reasoning_content or None when there was none, content)."""

@@ -184,8 +184,8 @@ def gate_for(params: Any, tokenizer: Any, vocab_size: int) -> ThinkingGate | Non
         ids = _MARKER_IDS[id(tokenizer)] = tuple(list(tokenizer.encode(m, add_special_tokens=False))
                                                  for m in (THINK_START, THINK_END))
 
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=False)
+    def decode(tokens: list[int]) -> str:
+        return tokenizer.decode(tokens, skip_special_tokens=False)
 
     return ThinkingGate(params.reasoning_start, params.thinking_budget, ids[1], vocab_size, decode, start_ids=ids[0])
 

@@ -69,7 +69,8 @@ def test_any_split_gives_the_whole_split_and_only_the_answers_calls(fmt, start, 
     assert names == [c.name for c in calls] == expected  # only the answer's calls, never the thinking's
     if raw:  # kept verbatim: the thinking + the text the detector saw is the whole output
         answer = text[len(reasoning):]
-        assert reasoning + answer == text and reasoning.endswith("</think>")
+        assert reasoning + answer == text and reasoning.rstrip().endswith("</think>")
+        assert answer == answer.lstrip()  # the answer's leading whitespace goes with the thinking
     else:
         assert reasoning == reasoning.strip() and "</think>" not in reasoning and "<think>" not in reasoning
 
