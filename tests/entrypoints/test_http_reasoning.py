@@ -138,13 +138,17 @@ FEW_SHOT = ASK + [
 
 
 def test_a_call_inside_the_thinking_is_not_returned_one_after_it_is(client) -> None:
-    whole, streamed = _both(client, messages=FEW_SHOT, tools=TOOLS, max_tokens=80)
+    whole, streamed = _both(client, messages=FEW_SHOT, tools=TOOLS, max_tokens=80, logprobs=True)
     _same_split(whole, streamed)
     msg = whole.choices[0].message
     thought = _extra(msg, "reasoning_content")
     assert '<tool_call>' in thought and '"add"' in thought, thought  # the model thought a call ...
     assert msg.tool_calls is None and streamed["calls"] == {}  # ... which is not returned
     assert whole.choices[0].finish_reason == "stop"
+    # it closed the thinking itself: reasoning_tokens counts up to the token that completed </think>
+    tokens = [t.token for t in whole.choices[0].logprobs.content]
+    closed = next(k for k in range(1, len(tokens) + 1) if THINK_END in "".join(tokens[:k]))
+    assert whole.usage.completion_tokens_details.reasoning_tokens == closed < len(tokens)
     # tool_choice required: the structural tag starts after the thinking and the call there is returned
     whole, streamed = _both(client, messages=FEW_SHOT, tools=TOOLS, tool_choice="required", max_tokens=120,
                             parallel_tool_calls=False)

@@ -74,9 +74,9 @@ def test_the_budget_forces_the_canonical_end_marker_then_the_grammar_answers(tok
         assert g.accept(tok)
     assert g.phase == "answer" and g.reasoning_tokens == n + len(end_ids)
     assert torch.equal(_mask(g), _mask(inner))  # the answer is the grammar's, from its start
-    answer = _ids(tokenizer, '{"a":12}')
-    for tok in answer:
+    for tok in _ids(tokenizer, '{"a":12}'):
         assert g.accept(tok)
+    assert not g.is_terminated() and g.accept(tokenizer.eos_token_id)  # the grammar ends with the stop token
     assert g.is_terminated() and g.reasoning_tokens == n + len(end_ids)
 
 
@@ -89,8 +89,7 @@ def test_the_model_closing_the_thinking_itself_in_any_split(tokenizer) -> None:
         assert g.accept(tok)
         if closed_at is None and g.phase == "answer":
             closed_at = k + 1
-    assert tokenizer.decode(ids[:closed_at]).endswith(THINK_END) and THINK_END not in tokenizer.decode(
-        ids[:closed_at - 1])
+    assert THINK_END in tokenizer.decode(ids[:closed_at]) and THINK_END not in tokenizer.decode(ids[:closed_at - 1])
     assert g.reasoning_tokens == closed_at
     assert _allowed(g) is None and not g.is_terminated()  # no inner grammar: the answer is free
 
@@ -99,7 +98,7 @@ def test_rollback_restores_phase_forcing_count_and_the_inner_grammar(tokenizer, 
     inner = _inner(backend)
     g = _gate(tokenizer, budget=2, inner=inner)
     end_ids = _ids(tokenizer, THINK_END)
-    seq = _ids(tokenizer, "ab")[:2] + end_ids + _ids(tokenizer, '{"a":')
+    seq = _ids(tokenizer, "ab cd ef")[:2] + end_ids + _ids(tokenizer, '{"a":')
     snapshots = []
     for tok in seq:
         snapshots.append((g.phase, g.forced_pos, g.reasoning_tokens, _mask(g).clone()))
@@ -129,7 +128,7 @@ def test_pending_allows_the_opening_marker_or_the_grammar(tokenizer, backend) ->
     assert _allowed(g) is None
     # answering at once: the first tokens are the grammar's, and nothing was thought
     g = _gate(tokenizer, start=PENDING, inner=_inner(backend))
-    for tok in _ids(tokenizer, '{"a":3}'):
+    for tok in [*_ids(tokenizer, '{"a":3}'), tokenizer.eos_token_id]:
         assert g.accept(tok)
     assert g.phase == "answer" and g.reasoning_tokens == 0 and g.is_terminated()
     # no inner grammar: any spelling of <think> after whitespace opens the thinking
@@ -155,7 +154,7 @@ def test_scheduler_thinks_n_tokens_then_answers_valid_json(make_scheduler, token
     n = 12
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Give me a JSON object with a."}],
                                            add_generation_prompt=True, tokenize=False) + THINK_START + "\n"
-    params = SamplingParams(temperature=0.0, max_new_tokens=60, reasoning_start=THINKING, thinking_budget=n,
+    params = SamplingParams(temperature=0.0, max_new_tokens=100, reasoning_start=THINKING, thinking_budget=n,
                             json_schema=json.dumps(SCHEMA))
     end_ids = _ids(tokenizer, THINK_END)
     outs = []
