@@ -74,7 +74,7 @@ def test_the_budget_forces_the_canonical_end_marker_then_the_grammar_answers(tok
         assert g.accept(tok)
     assert g.phase == "answer" and g.reasoning_tokens == n + len(end_ids)
     assert torch.equal(_mask(g), _mask(inner))  # the answer is the grammar's, from its start
-    for tok in _ids(tokenizer, '{"a":12}'):
+    for tok in _ids(tokenizer, '{"a": 12}'):
         assert g.accept(tok)
     assert not g.is_terminated() and g.accept(tokenizer.eos_token_id)  # the grammar ends with the stop token
     assert g.is_terminated() and g.reasoning_tokens == n + len(end_ids)
@@ -98,7 +98,7 @@ def test_rollback_restores_phase_forcing_count_and_the_inner_grammar(tokenizer, 
     inner = _inner(backend)
     g = _gate(tokenizer, budget=2, inner=inner)
     end_ids = _ids(tokenizer, THINK_END)
-    seq = _ids(tokenizer, "ab cd ef")[:2] + end_ids + _ids(tokenizer, '{"a":')
+    seq = _ids(tokenizer, "ab cd ef")[:2] + end_ids + _ids(tokenizer, '{"a": ')
     snapshots = []
     for tok in seq:
         snapshots.append((g.phase, g.forced_pos, g.reasoning_tokens, _mask(g).clone()))
@@ -128,7 +128,7 @@ def test_pending_allows_the_opening_marker_or_the_grammar(tokenizer, backend) ->
     assert _allowed(g) is None
     # answering at once: the first tokens are the grammar's, and nothing was thought
     g = _gate(tokenizer, start=PENDING, inner=_inner(backend))
-    for tok in [*_ids(tokenizer, '{"a":3}'), tokenizer.eos_token_id]:
+    for tok in [*_ids(tokenizer, '{"a": 3}'), tokenizer.eos_token_id]:
         assert g.accept(tok)
     assert g.phase == "answer" and g.reasoning_tokens == 0 and g.is_terminated()
     # no inner grammar: any spelling of <think> after whitespace opens the thinking
