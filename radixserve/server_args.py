@@ -13,6 +13,7 @@ from typing import Any, get_args, get_origin
 
 from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
 from radixserve.model_loader.default_model import default_model_path
+from radixserve.parser.reasoning_args import REASONING_PARSER_NAMES
 from radixserve.server_args_checks import (  # re-exported: the accepted values live beside their checks
     API_KEY_ENV,
     GRAMMAR_BACKENDS,
@@ -194,6 +195,10 @@ class ServerArgs:
         "auto", f"{' | '.join(TOOL_CALL_PARSERS)}: the model's tool-call format, parsed out of its output "
         "(auto = read from the chat template; hermes for templates without tool support; docs/tool_calls.md)"
     )
+    # --- reasoning (parser/; docs/reasoning.md) ---
+    reasoning_parser: str | None = _knob(None, f"{' | '.join(REASONING_PARSER_NAMES)}: split <think> reasoning "
+                                         "out of chat answers, grammars start after it (auto: from the template)")
+    thinking_budget: int | None = _knob(None, "default thinking budget in tokens: past it </think> is forced")
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(

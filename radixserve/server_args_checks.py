@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from radixserve.distributed.host_port import parse_host_port
 from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
 from radixserve.model_loader.chat_template import read_chat_template
+from radixserve.parser.reasoning_args import check_reasoning_args
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -148,6 +149,7 @@ def check_server_args(args: ServerArgs) -> None:
         bad("grammar_cache_size", f"must be in [1, 100000], got {args.grammar_cache_size}")
     if not 0 < args.grammar_compile_timeout <= 3600:
         bad("grammar_compile_timeout", f"must be in (0, 3600] seconds, got {args.grammar_compile_timeout}")
+    check_reasoning_args(args, bad)  # parser/reasoning_args.py
     if args.tool_call_parser not in TOOL_CALL_PARSERS:
         bad("tool_call_parser", f"unknown format {args.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
     if not 0 <= args.node_rank < args.nnodes:

@@ -17,6 +17,7 @@ import torch
 from radixserve.constrained.grammar_spec import GrammarSpec, short_error
 from radixserve.constrained.xgrammar_backend import XGrammarBackend
 from radixserve.managers.req import FinishReason, Req
+from radixserve.parser.thinking_gate import wrap_compiled
 
 
 class GrammarQueue:
@@ -79,6 +80,7 @@ class GrammarQueue:
                 failed.append(_failed(req, f"{spec.kind}: the grammar failed to compile: {short_error(err)}"))
                 continue
             req.grammar = self.backend.new_grammar(fut.result())
+            wrap_compiled(req)  # with a reasoning parser the grammar starts after the thinking
             # a request retracted earlier never comes back here; one that was queued first has
             # generated nothing yet, so the fresh matcher has accepted exactly its output_ids
             ready.append(req)

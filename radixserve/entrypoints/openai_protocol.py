@@ -138,6 +138,11 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolDef] | None = Field(default=None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # reasoning (parser/reasoning_request.py checks them)
+    separate_reasoning: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    thinking_budget: int | None = None
+    max_thinking_tokens: int | None = None  # alias of thinking_budget
 
 
 class GenerateRequest(_Request):
@@ -164,11 +169,16 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a reasoning parser
 
 
 class CompletionLogprobs(BaseModel):
@@ -224,6 +234,8 @@ class ToolCallOut(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with a reasoning parser (SGLang / DeepSeek's name)
+    reasoning: str | None = None  # the same text: vLLM's newer name
     tool_calls: list[ToolCallOut] | None = None
 
 

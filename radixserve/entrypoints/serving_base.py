@@ -42,6 +42,9 @@ UNSUPPORTED_CHAT = {
     "function_call": "the deprecated functions API is not supported: use tool_choice",
     "audio": "audio output is not supported (a text model)", "modalities": "only text is supported",
     "prediction": "predicted outputs are not supported", "web_search_options": "web search is not supported",
+    # reasoning (docs/reasoning.md): a budget in tokens is thinking_budget; a reply without the thinking is not built
+    "reasoning_effort": "is not supported: give thinking_budget (tokens) with a --reasoning-parser",
+    "include_reasoning": "is not supported: separate_reasoning false keeps the thinking in content",
 }
 UNSUPPORTED_COMPLETIONS: dict[str, str] = {}
 

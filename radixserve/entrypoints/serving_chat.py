@@ -51,6 +51,7 @@ from radixserve.model_loader.chat_template import NO_TEMPLATE
 from radixserve.function_call.tool_parser import ToolCallDelta, ToolCallParser, create_detector, detect_format
 from radixserve.function_call.tool_prompt import render_for_template, template_supports_tools
 from radixserve.managers.io_struct import GenerateReqInput
+from radixserve.parser.reasoning_request import ChatReasoning
 
 
 class _Tools:
@@ -97,20 +98,22 @@ class OpenAIServingChat(OpenAIServingBase):
             raise APIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
         top_k = self.check_top_logprobs(req.top_logprobs, "top_logprobs")
         tools = _Tools(req, self.tool_parser_name)
-        prompt = self.apply_template(req.messages, tools.defs if tools.active else None)
+        reasoning = ChatReasoning(req, self.server_args, self.tokenizer.chat_template, self.tm.limits.context_len)
+        prompt = self.apply_template(req.messages, tools.defs if tools.active else None, reasoning.template_kwargs)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
         constraint, renames = self.constraint(req, tools.structural_tag())
         # max_tokens absent: generate until EOS or the context is full (default_max_new_tokens -1).
         subs, _ = self.normalize(GenerateReqInput(
-            text=prompt, sampling_params={**self.sampling_dict(req, max_new), **constraint}, rid=rid,
+            text=prompt, rid=rid,
+            sampling_params={**self.sampling_dict(req, max_new), **constraint, **reasoning.sampling(prompt)},
             return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,
             default_max_new_tokens=-1,  # the tokenizer's BOS rule; a template's own BOS is not doubled
         ), {**OPENAI_RENAMES, **renames})
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
-            return SSEResponse(self._stream(request, req, rid, group, top_k, n, tools), group)
+            return SSEResponse(self._stream(request, req, rid, group, top_k, n, tools, reasoning), group)
         try:
             outs = await group.results(request)
         finally:
@@ -121,19 +124,22 @@ class OpenAIServingChat(OpenAIServingBase):
             logprobs = None
             if req.logprobs:
                 logprobs = ChatLogprobs(content=self._logprobs(all_logprob_items(out), top_k))
-            message = ChatResponseMessage(content=out["text"])
+            # the thinking first: a tool call written inside it is never parsed as a call
+            thought, kept, text = reasoning.split(out["text"])
+            message = ChatResponseMessage(content=kept + text)
             if tools.active:
-                content, calls = tools.parser().parse(out["text"])
+                content, calls = tools.parser().parse(text)
                 calls = calls if tools.parallel else calls[:1]
                 if calls:
-                    message = ChatResponseMessage(content=content or None, tool_calls=[
+                    message = ChatResponseMessage(content=(kept + content) or None, tool_calls=[
                         ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
                         for c in calls])
                     reason = "tool_calls" if reason == "stop" else reason
+            message.reasoning_content = message.reasoning = thought
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason,
                                       matched_stop=matched))
         resp = ChatCompletionResponse(id=rid, model=self.model_name, choices=choices,
-                                      usage=self.usage(outs, n))
+                                      usage=reasoning.add_usage(self.usage(outs, n), outs))
         return JSONResponse(resp.model_dump())
 
     @property
@@ -141,7 +147,8 @@ class OpenAIServingChat(OpenAIServingBase):
         name = self.server_args.tool_call_parser
         return detect_format(self.tokenizer.chat_template) if name == "auto" else name
 
-    def apply_template(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
+    def apply_template(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
+                       template_kwargs: dict[str, Any] | None = None) -> str:
         """OpenAI messages (and tools) -> prompt text via the tokenizer's own chat template."""
         plain: list[dict[str, Any]] = []
         for k, m in enumerate(messages):
@@ -171,7 +178,8 @@ class OpenAIServingChat(OpenAIServingBase):
         plain, extra = render_for_template(plain, tools, template_supports_tools(self.tokenizer.chat_template),
                                            create_detector(self.tool_parser_name))
         try:
-            return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False, **extra)
+            return self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False,
+                                                      **{**(template_kwargs or {}), **extra})
         except Exception as e:  # noqa: BLE001  # a template's own raise_exception(...) is a client error
             raise APIError(400, f"messages: the chat template rejected them: {e}", "messages") from None
 
@@ -205,11 +213,12 @@ class OpenAIServingChat(OpenAIServingBase):
         return content
 
     async def _stream(self, request: Request, req: ChatCompletionRequest, rid: str, group: RequestGroup,
-                      top_k: int, n: int, tools: _Tools) -> AsyncIterator[str]:
+                      top_k: int, n: int, tools: _Tools, reasoning: ChatReasoning) -> AsyncIterator[str]:
         created = int(time.time())
         num = len(group.subs)
         finals: list[dict[str, Any]] = [{} for _ in range(num)]
         parsers = [tools.parser() if tools.active else None for _ in range(num)]
+        thinkers = [reasoning.parser() for _ in range(num)]
 
         def chunk(i: int, delta: dict[str, Any], logprobs: ChatLogprobs | None = None,
                   reason: str | None = None, matched: Any = None) -> str:
@@ -225,11 +234,15 @@ class OpenAIServingChat(OpenAIServingBase):
                 if req.logprobs:
                     logprobs = ChatLogprobs(content=self._logprobs(new_logprob_items(out), top_k))
                 parser = parsers[i]
+                # reasoning deltas first; the tool parser sees only the answer
+                thought, text = reasoning.feed(thinkers[i], out["delta"], out["finished"])
+                if thought is not None:
+                    yield chunk(i, thought)
                 if parser is None:
-                    if out["delta"] or (logprobs and logprobs.content):
-                        yield chunk(i, {"content": out["delta"]}, logprobs)
+                    if text or (logprobs and logprobs.content):
+                        yield chunk(i, {"content": text}, logprobs)
                 else:
-                    text, deltas = parser.feed(out["delta"])
+                    text, deltas = parser.feed(text)
                     for delta in self._tool_deltas(parser, text, deltas, tools.parallel):
                         yield chunk(i, delta)
                 if out["finished"]:
@@ -243,7 +256,7 @@ class OpenAIServingChat(OpenAIServingBase):
                             reason = "tool_calls"
                     yield chunk(i, {}, None, reason, matched)
             if req.stream_options and req.stream_options.include_usage:
-                usage = self.usage(finals, n)
+                usage = reasoning.add_usage(self.usage(finals, n), finals)
                 yield sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
                                               usage=usage))
         except ConnectionAbortedError:

@@ -75,6 +75,8 @@ class OutputProcessor:
         if req.spec_verify_ct:
             meta["spec_verify_ct"] = req.spec_verify_ct  # verify forwards of this request
             meta["spec_accept_length"] = req.spec_accepted_tokens / req.spec_verify_ct  # tokens per verify
+        if req.thinking is not None:  # usage.completion_tokens_details.reasoning_tokens
+            meta["reasoning_tokens"] = req.thinking.reasoning_tokens
         if req.first_token_time is not None:
             # measured where the token is produced, so it is right for non-streamed requests too
             meta["ttft"] = req.first_token_time - req.created_time

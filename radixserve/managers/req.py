@@ -90,6 +90,8 @@ class Req:
     grammar_future: Any = None
     grammar_queued_at: float = 0.0
     grammar: Any = None
+    # reasoning (parser/thinking_gate.py): where the thinking ends; it holds req.grammar's place
+    thinking: Any = None
 
     # ------------------------------------------------------------------ state
     @property

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
+from radixserve.parser.reasoning_args import check_thinking_budget
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
@@ -89,6 +90,7 @@ def check_params(params: SamplingParams, limits: RequestLimits) -> None:
         raise ValueError(f"stop_token_ids: at most {limits.max_stop_strings} ids, got {len(params.stop_token_ids)}")
     if len(params.logit_bias) > limits.max_logit_bias:
         raise ValueError(f"logit_bias: at most {limits.max_logit_bias} entries, got {len(params.logit_bias)}")
+    check_thinking_budget(params.thinking_budget, limits.context_len)  # parser/reasoning_args.py
     spec = params.constraint()
     if spec is not None and not limits.constraints_enabled:
         raise ValueError(f"{spec.kind}: constrained decoding is off on this server (--grammar-backend none)")

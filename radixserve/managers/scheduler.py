@@ -32,6 +32,7 @@ from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_tokenizer
+from radixserve.parser.thinking_gate import gate_for
 from radixserve.server_args import ServerArgs
 from radixserve.speculative.spec_worker import SpecWorker
 
@@ -115,6 +116,8 @@ class Scheduler:
             deadline=None if recv.timeout is None else self.now() + recv.timeout,
         )
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
+        # reasoning: the thinking gate takes the grammar slot (its own grammar joins it once compiled)
+        req.thinking = req.grammar = gate_for(req.sampling_params, self.tokenizer, self.model_config.vocab_size)
         spec = req.sampling_params.constraint()
         if spec is not None:
             self.grammar_queue.add(req, spec, self.now())

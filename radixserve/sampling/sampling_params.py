@@ -84,6 +84,11 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | None = None
+    # Reasoning (parser/thinking_gate.py), set by the chat route when a reasoning parser is on: where
+    # the output starts ("thinking" | "pending": only if it opens with <think>; None = no gate), and
+    # the thinking budget in tokens, after which </think> is forced.
+    reasoning_start: str | None = None
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         self.normalise()
@@ -209,6 +214,7 @@ class SamplingParams:
             if not _is_number(bias) or not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for {tok}")
 
+        self._verify_reasoning()
         given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"{given[1]}: give at most one of {', '.join(CONSTRAINT_FIELDS)}, got {', '.join(given)}")
@@ -222,6 +228,16 @@ class SamplingParams:
                 # holding back EOS could leave a finished grammar no token at all
                 raise ValueError(f"min_new_tokens cannot be combined with {name}: the grammar decides where "
                                  "the output ends")
+
+    def _verify_reasoning(self) -> None:
+        # the budget's bound (the context length) is checked with the server's limits (check_params)
+        from radixserve.parser.thinking_gate import REASONING_STARTS
+
+        if self.reasoning_start is not None and self.reasoning_start not in REASONING_STARTS:
+            raise ValueError(f"reasoning_start must be one of {REASONING_STARTS}, got {self.reasoning_start!r}")
+        if self.thinking_budget is not None and self.reasoning_start is None:
+            raise ValueError("thinking_budget: needs a thinking output (reasoning_start; the chat route sets it "
+                             "when the server runs a --reasoning-parser)")
 
     # ------------------------------------------------------------------ views
     def constraint(self) -> GrammarSpec | None:
