@@ -29,6 +29,7 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # mana
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
+POOLING_METHODS = ("last", "mean")  # layers/pooler.py
 SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
 
 
@@ -188,6 +189,15 @@ class ServerArgs:
         "auto", f"{' | '.join(TOOL_CALL_PARSERS)}: the model's tool-call format, parsed out of its output "
         "(auto = read from the chat template; hermes for templates without tool support; docs/tool_calls.md)"
     )
+    # --- embeddings (managers/embedding_mode.py, docs/embeddings.md) ---
+    is_embedding: bool = _knob(
+        False, "serve the model as an embedding model: /v1/embeddings and Engine.encode give the pooled, "
+        "L2-normalised final hidden state; the generation routes answer 400"
+    )
+    pooling: str = _knob(
+        "last", "last | mean: how --is-embedding pools the final hidden states (last = the last token's, as "
+        "Qwen3-Embedding and e5-mistral; mean = the average over the prompt, as gte)"
+    )
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(
@@ -317,6 +327,11 @@ class ServerArgs:
             bad("grammar_compile_timeout", f"must be in (0, 3600] seconds, got {self.grammar_compile_timeout}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             bad("tool_call_parser", f"unknown format {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
+        if self.pooling not in POOLING_METHODS:
+            bad("pooling", f"must be one of {POOLING_METHODS}, got {self.pooling!r}")
+        if self.is_embedding and (self.speculative_algorithm or self.pp_size > 1):  # it decodes nothing
+            bad("is_embedding", "an embedding server runs no speculative decoding, and one pipeline stage "
+                f"(got speculative_algorithm {self.speculative_algorithm!r}, pp_size {self.pp_size})")
         if not 0 <= self.node_rank < self.nnodes:
             bad("node_rank", f"must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.context_length is not None and self.context_length < 2:

@@ -21,6 +21,7 @@ from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
+from radixserve.managers.embedding_mode import EmbeddingMode
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.req import FinishReason, Req
@@ -79,6 +80,7 @@ class Scheduler:
         self.spec_worker = SpecWorker.create(server_args, runner)
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
+        self.embedding = EmbeddingMode.create(server_args)  # --is-embedding: pooled vectors instead of tokens
 
     @property
     def failed_forward_streak(self) -> int:
@@ -114,6 +116,8 @@ class Scheduler:
             eos_token_ids=tuple(self.model_config.eos_token_ids),
             deadline=None if recv.timeout is None else self.now() + recv.timeout,
         )
+        if self.embedding is not None:
+            self.embedding.init_req(req)
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         spec = req.sampling_params.constraint()
         if spec is not None:
@@ -311,7 +315,10 @@ class Scheduler:
         mwb = batch.get_model_worker_batch()
         if self.checker is not None:
             self.checker.check_same_step_on_every_rank(mwb)
-        result = self.model_runner.forward_batch_generation(mwb)
+        if self.embedding is not None:
+            result = self.embedding.forward(self.model_runner, mwb)
+        else:
+            result = self.model_runner.forward_batch_generation(mwb)
         if self.checker is not None:
             self.checker.check_forward_batch(result.forward_batch)
         rec = self.step_log.record(self.forward_ct, batch, result, self)
@@ -321,6 +328,8 @@ class Scheduler:
         return result
 
     def process_batch_result(self, batch: ScheduleBatch, result) -> None:
+        if self.embedding is not None:
+            return self.embedding.process_batch_result(self, batch, result)
         sample = result.sample_output
         # the requests whose prompt (or a chunk of it) this step computed; MIXED also carries decodes
         prefilled = None
