@@ -19,20 +19,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.server_args import POOLING_METHODS
+
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
 
-POOLING_METHODS = ("last", "mean")
-
 
 def pool_step(hidden: torch.Tensor, fb: ForwardBatch, pooling: str) -> torch.Tensor:
-    """[n_tokens, hidden] -> [bs, hidden] float32: this step's part of each request's pooled vector."""
+    """[n_tokens, hidden] -> [bs, hidden] float64: this step's part of each request's pooled vector
+    (float64 so that a mean over thousands of rows adds no error of its own)."""
     if pooling == "last":
-        return hidden[fb.extend_start_loc + fb.extend_seq_lens - 1].float()
+        return hidden[fb.extend_start_loc + fb.extend_seq_lens - 1].double()
     if pooling == "mean":
         req_of_row = torch.repeat_interleave(torch.arange(fb.batch_size, device=hidden.device), fb.extend_seq_lens)
-        sums = torch.zeros(fb.batch_size, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        return sums.index_add_(0, req_of_row, hidden.float())
+        sums = torch.zeros(fb.batch_size, hidden.shape[1], dtype=torch.float64, device=hidden.device)
+        return sums.index_add_(0, req_of_row, hidden.double())
     raise ValueError(f"pooling: must be one of {POOLING_METHODS}, got {pooling!r}")
 
 
@@ -43,7 +44,7 @@ def accumulate(acc: torch.Tensor | None, part: torch.Tensor, pooling: str) -> to
 
 def finalize(acc: torch.Tensor, num_tokens: int, pooling: str) -> list[float]:
     """The request's embedding: mean (if asked) then L2-normalised, as a list of floats."""
-    vec = acc.double() / num_tokens if pooling == "mean" else acc.double()
+    vec = acc / num_tokens if pooling == "mean" else acc
     return torch.nn.functional.normalize(vec, dim=0).tolist()
 
 

@@ -31,18 +31,17 @@ if TYPE_CHECKING:
 
 
 class EmbeddingMode:
-    def __init__(self, pooling: str) -> None:
+    def __init__(self, pooling: str, runner: ModelRunner) -> None:
         self.pooling = pooling
+        self.runner = runner
+        self.reuse_prefix = pooling != "mean"  # Req.reuse_prefix of every request (see the module doc)
 
     @classmethod
-    def create(cls, server_args: ServerArgs) -> EmbeddingMode | None:
-        return cls(server_args.pooling) if server_args.is_embedding else None
+    def create(cls, server_args: ServerArgs, runner: ModelRunner) -> EmbeddingMode | None:
+        return cls(server_args.pooling, runner) if server_args.is_embedding else None
 
-    def init_req(self, req: Req) -> None:
-        req.reuse_prefix = self.pooling != "mean"
-
-    def forward(self, runner: ModelRunner, mwb: ModelWorkerBatch) -> EmbeddingBatchResult:
-        return forward_embedding(runner, mwb, self.pooling)
+    def forward(self, mwb: ModelWorkerBatch) -> EmbeddingBatchResult:
+        return forward_embedding(self.runner, mwb, self.pooling)
 
     def process_batch_result(self, sched: Scheduler, batch: ScheduleBatch, result: EmbeddingBatchResult) -> None:
         for i, req in enumerate(batch.reqs):

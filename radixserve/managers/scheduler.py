@@ -20,8 +20,8 @@ from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
-from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.embedding_mode import EmbeddingMode
+from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.req import FinishReason, Req
@@ -80,7 +80,7 @@ class Scheduler:
         self.spec_worker = SpecWorker.create(server_args, runner)
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
-        self.embedding = EmbeddingMode.create(server_args)  # --is-embedding: pooled vectors instead of tokens
+        self.embedding = EmbeddingMode.create(server_args, runner)  # --is-embedding: pooled vectors, no tokens
 
     @property
     def failed_forward_streak(self) -> int:
@@ -115,9 +115,8 @@ class Scheduler:
             priority=recv.priority,
             eos_token_ids=tuple(self.model_config.eos_token_ids),
             deadline=None if recv.timeout is None else self.now() + recv.timeout,
+            reuse_prefix=self.embedding is None or self.embedding.reuse_prefix,
         )
-        if self.embedding is not None:
-            self.embedding.init_req(req)
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         spec = req.sampling_params.constraint()
         if spec is not None:
@@ -315,10 +314,8 @@ class Scheduler:
         mwb = batch.get_model_worker_batch()
         if self.checker is not None:
             self.checker.check_same_step_on_every_rank(mwb)
-        if self.embedding is not None:
-            result = self.embedding.forward(self.model_runner, mwb)
-        else:
-            result = self.model_runner.forward_batch_generation(mwb)
+        forward = self.model_runner.forward_batch_generation if self.embedding is None else self.embedding.forward
+        result = forward(mwb)
         if self.checker is not None:
             self.checker.check_forward_batch(result.forward_batch)
         rec = self.step_log.record(self.forward_ct, batch, result, self)
