@@ -21,7 +21,7 @@ ARGS = ["--is-embedding", "--context-length", "256", "--max-total-tokens", "1638
         "--api-key", KEY, "--quantization", "none", "--dtype", "float32", "--chunked-prefill-size", "64"]
 TOL = 1e-5
 HIDDEN = 576  # SmolLM2-135M
-WORDS = "alpha beta gamma delta river stone cloud paper seven orange window quiet".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "paper", "seven", "orange", "window", "quiet"]
 
 
 def texts(n: int) -> list[str]:
