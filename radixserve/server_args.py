@@ -23,6 +23,7 @@ from radixserve.server_args_checks import (  # re-exported: the accepted values 
     MAX_DP_SIZE,
     MAX_PROCESSES,
     MAX_RANKS,
+    POOLING_METHODS,
     QUANTIZATION_MODES,
     SCHEDULE_POLICIES,
     SPECULATIVE_ALGORITHMS,
@@ -30,7 +31,8 @@ from radixserve.server_args_checks import (  # re-exported: the accepted values 
 )
 from radixserve.server_args_checks import DEFAULT_MEM_FRACTION as _DEFAULT_MEM_FRACTION
 
-__all__ = ["API_KEY_ENV", "GRAMMAR_BACKENDS", "KV_CACHE_DTYPES", "LOAD_BALANCE_METHODS", "LOG_LEVELS", "MAX_DP_SIZE",
+__all__ = ["API_KEY_ENV", "GRAMMAR_BACKENDS", "KV_CACHE_DTYPES", "POOLING_METHODS", "LOAD_BALANCE_METHODS",
+           "LOG_LEVELS", "MAX_DP_SIZE",
            "MAX_PROCESSES", "MAX_RANKS", "QUANTIZATION_MODES", "SCHEDULE_POLICIES", "SPECULATIVE_ALGORITHMS", "ServerArgs"]
 
 
@@ -199,6 +201,15 @@ class ServerArgs:
     reasoning_parser: str | None = _knob(None, f"{' | '.join(REASONING_PARSER_NAMES)}: split <think> reasoning "
                                          "out of chat answers, grammars start after it (auto: from the template)")
     thinking_budget: int | None = _knob(None, "default thinking budget in tokens: past it </think> is forced")
+    # --- embeddings (managers/embedding_mode.py, docs/embeddings.md) ---
+    is_embedding: bool = _knob(
+        False, "serve the model as an embedding model: /v1/embeddings and Engine.encode give the pooled, "
+        "L2-normalised final hidden state; the generation routes answer 400"
+    )
+    pooling: str = _knob(
+        "last", "last | mean: how --is-embedding pools the final hidden states (last = the last token's, as "
+        "Qwen3-Embedding and e5-mistral; mean = the average over the prompt, as gte)"
+    )
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(

@@ -25,6 +25,7 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # mana
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
+POOLING_METHODS = ("last", "mean")  # layers/pooler.py
 SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_MEM_FRACTION = 0.8  # ServerArgs.mem_fraction_static's default: read on CUDA only
@@ -152,6 +153,11 @@ def check_server_args(args: ServerArgs) -> None:
     check_reasoning_args(args, bad)  # parser/reasoning_args.py
     if args.tool_call_parser not in TOOL_CALL_PARSERS:
         bad("tool_call_parser", f"unknown format {args.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
+    if args.pooling not in POOLING_METHODS:
+        bad("pooling", f"must be one of {POOLING_METHODS}, got {args.pooling!r}")
+    if args.is_embedding and (args.speculative_algorithm or args.pp_size > 1):  # it decodes nothing
+        bad("is_embedding", "an embedding server runs no speculative decoding, and one pipeline stage "
+            f"(got speculative_algorithm {args.speculative_algorithm!r}, pp_size {args.pp_size})")
     if not 0 <= args.node_rank < args.nnodes:
         bad("node_rank", f"must be in [0, nnodes={args.nnodes}), got {args.node_rank}")
     if args.context_length is not None and args.context_length < 2:

@@ -21,6 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from radixserve.entrypoints.replicas import Replicas, launch_replicas
+from radixserve.managers.embedding_request import check_options, embedding_input, encode_vector
 from radixserve.managers.io_struct import GenerateReqInput, ShutdownReq, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.model_loader import get_tokenizer
@@ -80,8 +81,9 @@ class Engine:
                                timeout=timeout, **flags)
         return self._run(self._normalize_on_loop(obj))
 
-    async def _normalize_on_loop(self, obj: GenerateReqInput) -> tuple[list[TokenizedGenerateReqInput], bool]:
-        return self.tm.normalize(obj)  # on the loop's thread: tm.states is read there
+    async def _normalize_on_loop(self, obj: GenerateReqInput, embed: bool = False
+                                 ) -> tuple[list[TokenizedGenerateReqInput], bool]:
+        return self.tm.normalize(obj, embed)  # on the loop's thread: tm.states is read there
 
     # ------------------------------------------------------------------ generate
     def generate(
@@ -117,10 +119,7 @@ class Engine:
         return results if is_batch else results[0]
 
     async def _one(self, sub: TokenizedGenerateReqInput) -> dict[str, Any]:
-        last: dict[str, Any] = {}
-        async for out in self.tm.generate_request(sub):
-            last = out
-        return _public(last)
+        return _public(await self._last(sub))
 
     def _stream_sync(self, sub: TokenizedGenerateReqInput) -> Iterator[dict[str, Any]]:
         agen = self.tm.generate_request(sub)
@@ -170,6 +169,28 @@ class Engine:
                 yield {"text": out["delta"], "output_ids": out["new_token_ids"], "meta_info": out["meta_info"]}
         finally:
             await asyncio.wrap_future(self._submit(agen.aclose()))
+
+    # ------------------------------------------------------------------ embeddings
+    def encode(self, prompt: str | list[str] | list[int] | list[list[int]], dimensions: int | None = None,
+               rid: str | None = None, timeout: float | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+        """An embedding server's (--is-embedding) vectors: `prompt` is a text, a list of texts, token ids or a
+        list of those (as /v1/embeddings' `input`); each answer is {"embedding": [float], "meta_info": {...}},
+        pooled and L2-normalised (`dimensions`: the first ones, renormalised). A list for a batch."""
+        subs, is_batch = self._run(self._normalize_on_loop(embedding_input(prompt, rid, timeout), embed=True))
+        check_options(dimensions, "float", self.tm.hidden_size)
+        outs = [f.result() for f in [self._submit(self._last(sub)) for sub in subs]]
+        for out in outs:
+            if "embedding" not in out:
+                raise RuntimeError(f"request {out['meta_info'].get('id')} was aborted before its embedding was pooled")
+        results = [{"embedding": encode_vector(o["embedding"], dimensions, "float"), "meta_info": o["meta_info"]}
+                   for o in outs]
+        return results if is_batch else results[0]
+
+    async def _last(self, sub: TokenizedGenerateReqInput) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        async for out in self.tm.generate_request(sub):
+            last = out
+        return last
 
     # ------------------------------------------------------------------ control
     def abort_request(self, rid: str) -> list[str]:

@@ -35,6 +35,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixserve import __version__
+from radixserve.entrypoints.embedding_protocol import SCHEMA_MODELS as EMBEDDING_SCHEMA_MODELS
+from radixserve.entrypoints.embedding_routes import add_embedding_routes, make_embedding_servings
 from radixserve.entrypoints.openai_protocol import (
     AbortRequest,
     ChatCompletionRequest,
@@ -103,6 +105,7 @@ def build_app(state: ServerState) -> FastAPI:
         servings.update(chat=OpenAIServingChat(tm, args, state.metrics),
                         completions=OpenAIServingCompletion(tm, args, state.metrics),
                         generate=NativeServing(tm, args, state.metrics))
+        servings.update(make_embedding_servings(tm, args, state.metrics, servings["chat"]))  # + /tokenize
 
         async def watchdog() -> None:
             while state.handle.is_alive():
@@ -155,9 +158,10 @@ def build_app(state: ServerState) -> FastAPI:
         return await servings["chat"].create(request)
 
     add_info_routes(app, state, servings)
+    add_embedding_routes(app, state, servings)  # /v1/embeddings, /tokenize, /detokenize
     web_feed = add_web_routes(app, state)  # the playground at /, its metrics stream, tree and step views
     install_openapi(app, [GenerateRequest, CompletionRequest, CompletionResponse, ChatCompletionRequest,
-                          ChatCompletionResponse, AbortRequest, ModelList, ModelCard])
+                          ChatCompletionResponse, AbortRequest, ModelList, ModelCard, *EMBEDDING_SCHEMA_MODELS])
 
     return app
 

@@ -58,7 +58,8 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
         """Healthy only if a one-token generation goes through the whole pipeline."""
         tm = state.tm_or_503()
         subs, _ = tm.normalize(GenerateReqInput(text="ping", rid=f"health-{time.time_ns()}",
-                                                sampling_params={"max_new_tokens": 1, "temperature": 0.0}))
+                                                sampling_params={"max_new_tokens": 1, "temperature": 0.0}),
+                               embed=args.is_embedding)  # an embedding server pools the ping instead
         group = RequestGroup(tm, subs)
         try:
             await asyncio.wait_for(group.results(request), HEALTH_GENERATE_TIMEOUT_S)
@@ -77,7 +78,7 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
             "model_path": args.resolved_model_path(),
             "tokenizer_path": args.tokenizer_path or args.resolved_model_path(),
             "served_model_name": name,
-            "is_generation": True,
+            "is_generation": not args.is_embedding,
             **{k: info[k] for k in ("context_len", "vocab_size", "max_total_num_tokens", "eos_token_ids")},
         })
 

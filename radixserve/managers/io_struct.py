@@ -110,6 +110,7 @@ class ReqOutput:
     input_token_logprobs: list[float] | None = None  # sent once, with the first output
     error: str | None = None  # a rejected or failed request: the message
     error_status: int = 400  # its HTTP status: 400 bad input, 408 timed out, 500 failed while running
+    embedding: list[float] | None = None  # embedding server: the pooled, normalised vector (with the final output)
 
 
 @dataclass

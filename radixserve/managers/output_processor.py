@@ -94,4 +94,5 @@ class OutputProcessor:
             output_token_logprobs=req.output_token_logprobs[start:] if req.return_logprob else [],
             output_top_logprobs=req.output_top_logprobs[start:] if req.return_logprob else [],
             input_token_logprobs=list(req.input_token_logprobs) if (first and req.return_prompt_logprob) else None,
+            embedding=req.embedding,
         )

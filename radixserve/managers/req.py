@@ -93,6 +93,12 @@ class Req:
     # reasoning (parser/thinking_gate.py): where the thinking ends; it holds req.grammar's place
     thinking: Any = None
 
+    # embedding server (managers/embedding_mode.py): False = never match a cached prefix (mean pooling
+    # needs every token's hidden state); the pooled value so far (across chunks); the final vector
+    reuse_prefix: bool = True
+    embed_acc: Any = None
+    embedding: list[float] | None = None
+
     # ------------------------------------------------------------------ state
     @property
     def seqlen(self) -> int:
@@ -107,6 +113,8 @@ class Req:
 
     def prefix_match_key(self) -> list[int]:
         # NOTE: capped at len - 1 so at least one token is computed and there are logits to sample.
+        if not self.reuse_prefix:
+            return []
         return self.fill_ids[: len(self.fill_ids) - 1]
 
     def reset_for_retract(self) -> None:

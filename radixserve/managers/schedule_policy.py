@@ -48,7 +48,7 @@ class SchedulePolicy:
         tokens that `req` still lacks: `req` waits one step and then finds them in the tree
         (SGLang's in-batch prefix caching). Without it, 16 requests arriving together with one
         1,000-token system prompt would all prefill it."""
-        if self.disable_radix_cache or not admitted:
+        if self.disable_radix_cache or not admitted or not req.reuse_prefix:
             return False
         start = len(req.prefix_indices)
         window = req.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS]

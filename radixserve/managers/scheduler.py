@@ -20,6 +20,7 @@ from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
+from radixserve.managers.embedding_mode import EmbeddingMode
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
@@ -80,6 +81,7 @@ class Scheduler:
         self.spec_worker = SpecWorker.create(server_args, runner)
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
+        self.embedding = EmbeddingMode.create(server_args, runner)  # --is-embedding: pooled vectors, no tokens
 
     @property
     def failed_forward_streak(self) -> int:
@@ -114,6 +116,7 @@ class Scheduler:
             priority=recv.priority,
             eos_token_ids=tuple(self.model_config.eos_token_ids),
             deadline=None if recv.timeout is None else self.now() + recv.timeout,
+            reuse_prefix=self.embedding is None or self.embedding.reuse_prefix,
         )
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         # reasoning: the thinking gate takes the grammar slot (its own grammar joins it once compiled)
@@ -314,7 +317,8 @@ class Scheduler:
         mwb = batch.get_model_worker_batch()
         if self.checker is not None:
             self.checker.check_same_step_on_every_rank(mwb)
-        result = self.model_runner.forward_batch_generation(mwb)
+        forward = self.model_runner.forward_batch_generation if self.embedding is None else self.embedding.forward
+        result = forward(mwb)
         if self.checker is not None:
             self.checker.check_forward_batch(result.forward_batch)
         rec = self.step_log.record(self.forward_ct, batch, result, self)
@@ -324,6 +328,8 @@ class Scheduler:
         return result
 
     def process_batch_result(self, batch: ScheduleBatch, result) -> None:
+        if self.embedding is not None:
+            return self.embedding.process_batch_result(self, batch, result)
         sample = result.sample_output
         # the requests whose prompt (or a chunk of it) this step computed; MIXED also carries decodes
         prefilled = None

@@ -105,6 +105,7 @@ class SchedulerProcess:
             "max_total_num_tokens": s.allocator.total_size,
             "context_len": s.model_config.context_len,
             "vocab_size": s.model_config.vocab_size,
+            "hidden_size": s.model_config.hidden_size,
             "eos_token_ids": list(s.model_config.eos_token_ids),
             "weight_bytes": s.model_runner.weight_bytes,
             "rank": self.rank,

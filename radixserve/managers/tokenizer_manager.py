@@ -23,6 +23,7 @@ import zmq.asyncio
 from radixserve.exceptions import QueueFull, RequestError, SchedulerDied, ServerUnavailable
 from radixserve.managers.data_parallel_controller import DataParallelController
 from radixserve.managers.detokenizer import IncrementalDetokenizer
+from radixserve.managers.embedding_request import check_server_kind
 from radixserve.managers.io_struct import (
     BatchReqOutput,
     FlushCacheReq,
@@ -82,6 +83,7 @@ class TokenizerManager:
         self.context_len: int = info["context_len"]
         self.vocab_size: int = info["vocab_size"]
         self.max_total_num_tokens: int = info["max_total_num_tokens"]
+        self.hidden_size: int = info.get("hidden_size", 0)  # an embedding's size (/v1/embeddings `dimensions`)
         self.limits = RequestLimits.build(server_args, self.context_len, self.vocab_size, self.max_total_num_tokens)
         self.normalizer = RequestNormalizer(tokenizer, self.limits)
         addresses = [to_scheduler] if isinstance(to_scheduler, str) else list(to_scheduler)
@@ -101,10 +103,12 @@ class TokenizerManager:
         self.metrics: Any = None  # set by the HTTP server (Prometheus collectors)
 
     # ------------------------------------------------------------------ input
-    def normalize(self, obj: GenerateReqInput) -> tuple[list[TokenizedGenerateReqInput], bool]:
+    def normalize(self, obj: GenerateReqInput, embed: bool = False) -> tuple[list[TokenizedGenerateReqInput], bool]:
         """Validated sub-requests of one call (see RequestNormalizer); also refuses a call that
-        would overfill the queue, before any of it is sent."""
+        would overfill the queue, before any of it is sent, and one of the other server kind (`embed`:
+        an embedding call; managers/embedding_request.py)."""
         self.check_accepting()
+        check_server_kind(self.server_args.is_embedding, embed)
         subs, is_batch = self.normalizer.normalize(obj)
         self._check_room(len(subs))
         return subs, is_batch
@@ -223,6 +227,8 @@ class TokenizerManager:
                     meta["input_token_logprobs"] = list(state.input_token_logprobs)
             result["text"] = state.detok.final_text()
             result["output_ids"] = state.output_ids
+            if out.embedding is not None:  # an embedding server's answer (managers/embedding_mode.py)
+                result["embedding"] = out.embedding
             if self.metrics is not None:
                 self.metrics.observe_finished(meta, now - state.created, state.first_token_time, state.created)
         return result

@@ -1,0 +1,68 @@
+"""EmbeddingMode: what the scheduler does differently on an embedding server (--is-embedding).
+
+A request is a prefill that finishes after its forward: it goes through the same queue, PrefillAdder
+budgets (max_new_tokens 0: nothing is reserved for tokens it will never generate), chunking and radix
+cache as a generation request, and many requests share one EXTEND step. After each step its pooled part
+is accumulated (layers/pooler.py); after the step that computes its last prompt token it finishes, its KV
+goes to the radix cache like a finished request's, and its output carries the normalised vector.
+
+Prefix reuse: last-token pooling reuses a cached prefix (the last token is always computed, and its
+hidden state depends on the prefix only through the KV, which is the same). Mean pooling needs every
+token's hidden state, which the cache does not keep, so its requests never match a prefix
+(Req.reuse_prefix = False): they recompute the whole prompt, and still insert their KV for nobody's harm.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixserve.layers.pooler import accumulate, finalize
+from radixserve.managers.failure_isolation import is_fatal
+from radixserve.managers.req import FinishReason
+from radixserve.model_executor.embedding_forward import EmbeddingBatchResult, forward_embedding
+
+if TYPE_CHECKING:
+    from radixserve.managers.req import Req
+    from radixserve.managers.schedule_batch import ScheduleBatch
+    from radixserve.managers.scheduler import Scheduler
+    from radixserve.model_executor.forward_batch_info import ModelWorkerBatch
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.server_args import ServerArgs
+
+
+class EmbeddingMode:
+    def __init__(self, pooling: str, runner: ModelRunner) -> None:
+        self.pooling = pooling
+        self.runner = runner
+        self.reuse_prefix = pooling != "mean"  # Req.reuse_prefix of every request (see the module doc)
+
+    @classmethod
+    def create(cls, server_args: ServerArgs, runner: ModelRunner) -> EmbeddingMode | None:
+        return cls(server_args.pooling, runner) if server_args.is_embedding else None
+
+    def forward(self, mwb: ModelWorkerBatch) -> EmbeddingBatchResult:
+        return forward_embedding(self.runner, mwb, self.pooling)
+
+    def process_batch_result(self, sched: Scheduler, batch: ScheduleBatch, result: EmbeddingBatchResult) -> None:
+        for i, req in enumerate(batch.reqs):
+            try:
+                self._process_one(sched, req, batch.seq_lens[i], result.pooled[i])
+            except Exception as e:  # one request's bad output must not stop the others
+                if is_fatal(e):
+                    raise
+                if not req.finished():
+                    sched.isolation.fail(req, batch.seq_lens[i], e, "while pooling its embedding")
+        # nothing joins the running batch: every request is done or waits for its next chunk
+        sched.running_batch.filter_batch()
+
+    def _process_one(self, sched: Scheduler, req: Req, seq_len: int, part) -> None:
+        req.kv_len = seq_len
+        if req.finished():
+            return  # aborted while this step ran
+        req.embed_acc = accumulate(req.embed_acc, part, self.pooling)
+        if req.is_chunked:
+            sched.tree_cache.cache_unfinished_req(req)
+            return
+        req.embedding = finalize(req.embed_acc, len(req.origin_input_ids), self.pooling)
+        req.embed_acc = None
+        sched._finish(req, FinishReason("length", matched=None))

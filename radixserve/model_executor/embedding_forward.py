@@ -1,0 +1,46 @@
+"""The execution step of an embedding server (--is-embedding): ForwardBatch -> decoder -> final norm ->
+pooled rows. The LM head and the sampler never run (for a 135M model the LM head is a third of the
+prefill's FLOPs), and the attention path, KV writes and paged cache are the generation step's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.layers.batch_invariant import batch_invariant_mode
+from radixserve.layers.linear import quant_rows_mode
+from radixserve.layers.pooler import pool_step
+from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
+from radixserve.model_executor.results import SampleOutput
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.model_runner import ModelRunner
+
+
+@dataclass
+class EmbeddingBatchResult:
+    pooled: torch.Tensor  # [bs, hidden] float32: this step's part of each request's vector (layers/pooler.py)
+    forward_batch: ForwardBatch
+    # no tokens are sampled; kept empty so that the step log and the tracer read every result alike
+    sample_output: SampleOutput
+
+
+@torch.inference_mode()
+def forward_embedding(runner: ModelRunner, batch: ModelWorkerBatch, pooling: str) -> EmbeddingBatchResult:
+    if batch.forward_mode.is_decode() or batch.forward_mode.is_target_verify():
+        raise ValueError(f"an embedding step is a prefill, got {batch.forward_mode.name}")
+    t0 = time.perf_counter()
+    fb = ForwardBatch.init_new(batch, runner)
+    t1 = time.perf_counter()
+    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops, runner.quant_max_rows):
+        # the DecoderModel (models/base.py): embedding -> layers -> final norm, without the LM head
+        hidden = runner.model.model(fb.input_ids, fb.positions, fb)
+        pooled = pool_step(hidden, fb, pooling)
+    runner.timers["forward_batch_init_s"] += t1 - t0
+    runner.timers["forward_s"] += time.perf_counter() - t1
+    empty = torch.empty(0, dtype=torch.int64)
+    return EmbeddingBatchResult(pooled.cpu(), fb, SampleOutput(next_token_ids=empty))
