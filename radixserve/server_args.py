@@ -31,9 +31,21 @@ from radixserve.server_args_checks import (  # re-exported: the accepted values 
 )
 from radixserve.server_args_checks import DEFAULT_MEM_FRACTION as _DEFAULT_MEM_FRACTION
 
-__all__ = ["API_KEY_ENV", "GRAMMAR_BACKENDS", "KV_CACHE_DTYPES", "POOLING_METHODS", "LOAD_BALANCE_METHODS",
-           "LOG_LEVELS", "MAX_DP_SIZE",
-           "MAX_PROCESSES", "MAX_RANKS", "QUANTIZATION_MODES", "SCHEDULE_POLICIES", "SPECULATIVE_ALGORITHMS", "ServerArgs"]
+__all__ = [
+    "API_KEY_ENV",
+    "GRAMMAR_BACKENDS",
+    "KV_CACHE_DTYPES",
+    "LOAD_BALANCE_METHODS",
+    "LOG_LEVELS",
+    "MAX_DP_SIZE",
+    "MAX_PROCESSES",
+    "MAX_RANKS",
+    "POOLING_METHODS",
+    "QUANTIZATION_MODES",
+    "SCHEDULE_POLICIES",
+    "SPECULATIVE_ALGORITHMS",
+    "ServerArgs",
+]
 
 
 def _knob(default: Any, help: str, **extra: Any) -> Any:
