@@ -188,6 +188,15 @@ class ServerArgs:
         "auto", f"{' | '.join(TOOL_CALL_PARSERS)}: the model's tool-call format, parsed out of its output "
         "(auto = read from the chat template; hermes for templates without tool support; docs/tool_calls.md)"
     )
+    # --- LoRA adapters (radixserve/lora/) ---
+    lora_paths: tuple[str, ...] | None = _knob(
+        None, "LoRA adapters served beside the base model: name=path (a PEFT folder) ...; requests pick one with "
+        "lora_path (native) or model='adapter' / 'base:adapter' (OpenAI)", nargs="+"
+    )
+    enable_lora: bool = _knob(False, "serve LoRA adapters (implied by --lora-paths): hooks on every projection")
+    max_lora_rank: int = _knob(64, "largest adapter rank accepted (1..1024)")
+    max_loaded_loras: int = _knob(8, "adapters held in memory, least recently used evicted (1..1024)")
+    max_loras_per_batch: int = _knob(8, "distinct adapters in one step; requests for more wait (1..max_loaded_loras)")
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(
@@ -317,6 +326,9 @@ class ServerArgs:
             bad("grammar_compile_timeout", f"must be in (0, 3600] seconds, got {self.grammar_compile_timeout}")
         if self.tool_call_parser not in TOOL_CALL_PARSERS:
             bad("tool_call_parser", f"unknown format {self.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
+        from radixserve.lora.lora_args import check_lora_args
+
+        check_lora_args(self, bad)
         if not 0 <= self.node_rank < self.nnodes:
             bad("node_rank", f"must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.context_length is not None and self.context_length < 2:
@@ -380,7 +392,8 @@ class ServerArgs:
             if base is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
             else:
-                parser.add_argument(flag, type=base, default=f.default, help=f"{help_text} (default: {f.default})")
+                parser.add_argument(flag, type=base, default=f.default, help=f"{help_text} (default: {f.default})",
+                                    **({"nargs": f.metadata["nargs"]} if "nargs" in f.metadata else {}))
         # SGLang spells it --model too.
         parser.add_argument("--model", dest="model_path", default=argparse.SUPPRESS, help="alias of --model-path")
 

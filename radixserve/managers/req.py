@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from radixserve.mem_cache.cache_namespace import namespaced
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.speculative.spec_info import Draft
 
@@ -91,6 +92,12 @@ class Req:
     grammar_queued_at: float = 0.0
     grammar: Any = None
 
+    # LoRA (lora/): the adapter this request runs with (None = base), its radix cache namespace, and
+    # whether it pins the adapter in memory (from admission until it finishes)
+    lora_name: str | None = None
+    lora_uid: int = 0
+    lora_pinned: bool = False
+
     # ------------------------------------------------------------------ state
     @property
     def seqlen(self) -> int:
@@ -105,7 +112,8 @@ class Req:
 
     def prefix_match_key(self) -> list[int]:
         # NOTE: capped at len - 1 so at least one token is computed and there are logits to sample.
-        return self.fill_ids[: len(self.fill_ids) - 1]
+        # LoRA: keys carry the adapter's namespace (mem_cache/cache_namespace.py)
+        return namespaced(self.fill_ids[: len(self.fill_ids) - 1], self.lora_uid)
 
     def reset_for_retract(self) -> None:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)

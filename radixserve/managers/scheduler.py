@@ -20,6 +20,8 @@ from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
+from radixserve.lora.lora_manager import LoRANotFound
+from radixserve.lora.lora_scheduling import LoRAScheduling
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
@@ -79,6 +81,8 @@ class Scheduler:
         self.spec_worker = SpecWorker.create(server_args, runner)
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
+        # LoRA adapters: which requests may run together (lora/lora_scheduling.py)
+        self.lora = LoRAScheduling(runner.lora_manager, server_args.max_loras_per_batch)
 
     @property
     def failed_forward_streak(self) -> int:
@@ -100,6 +104,9 @@ class Scheduler:
         """Queue a request; a rejected one returns its error output right away."""
         try:
             self.validate(recv)
+            lora_name, lora_uid = self.lora.resolve(recv.lora_path)
+        except LoRANotFound as e:
+            return ReqOutput(recv.rid, [], {"type": "abort", "message": str(e)}, {}, error=str(e), error_status=404)
         except ValueError as e:
             return ReqOutput(recv.rid, [], {"type": "abort", "message": str(e)}, {}, error=str(e))
         req = Req(
@@ -113,6 +120,8 @@ class Scheduler:
             priority=recv.priority,
             eos_token_ids=tuple(self.model_config.eos_token_ids),
             deadline=None if recv.timeout is None else self.now() + recv.timeout,
+            lora_name=lora_name,
+            lora_uid=lora_uid,
         )
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         spec = req.sampling_params.constraint()
@@ -129,6 +138,7 @@ class Scheduler:
             self.grammar_queue.remove(req)
         else:
             self.waiting_queue.remove(req)
+        self.lora.release(req)
         req.finished_reason = reason
         self.output_processor.pending.append(req)
 
@@ -174,6 +184,7 @@ class Scheduler:
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
         self.tree_cache.cache_finished_req(req, kv_len=req.kv_len)
+        self.lora.release(req)
         self.output_processor.pending.append(req)
 
     # ------------------------------------------------------------------ step
@@ -270,12 +281,17 @@ class Scheduler:
                 if self.policy.wait_for_in_batch_prefix(req, adder.can_run):
                     held_back = True
                     continue
+                if not self.lora.allows(req, running, adder.can_run):
+                    held_back = True  # its adapter would exceed --max-loras-per-batch: it waits, others run
+                    continue
                 if not adder.add_one_req(req):
                     break
             self.chunked_req = adder.new_chunked_req
         self.wait_reason = adder.stop_reason or ("in_batch_prefix" if held_back else None)
         if not adder.can_run:
             return None
+        for req in adder.can_run:
+            self.lora.pin(req)  # before the forward reads its weights; released when it finishes
         admitted = {id(r) for r in adder.can_run}
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         for req in adder.can_run:
