@@ -190,13 +190,14 @@ class ServerArgs:
     )
     # --- LoRA adapters (radixserve/lora/) ---
     lora_paths: tuple[str, ...] | None = _knob(
-        None, "LoRA adapters served beside the base model: name=path (a PEFT folder) ...; requests pick one with "
+        None, "LoRA adapters served beside the base model: name=path (a PEFT folder or a llama.cpp .gguf adapter) ...; requests pick one with "
         "lora_path (native) or model='adapter' / 'base:adapter' (OpenAI)", nargs="+"
     )
     enable_lora: bool = _knob(False, "serve LoRA adapters (implied by --lora-paths): hooks on every projection")
     max_lora_rank: int = _knob(64, "largest adapter rank accepted (1..1024)")
     max_loaded_loras: int = _knob(8, "adapters held in memory, least recently used evicted (1..1024)")
     max_loras_per_batch: int = _knob(8, "distinct adapters in one step; requests for more wait (1..max_loaded_loras)")
+    lora_dir: str | None = _knob(None, "if set, /load_lora_adapter only reads adapters inside this folder")
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(

@@ -13,7 +13,7 @@ import sys
 BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "serving-peer": "serving_peer",
               "offline": "offline", "baseline": "baseline", "peer": "peer", "accuracy": "accuracy",
               "speculative": "speculative", "grammar": "grammar", "dashboard": "dashboard", "dp": "data_parallel",
-              "collectives": "collectives"}
+              "collectives": "collectives", "lora": "lora_serving"}
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -50,6 +50,7 @@ from radixserve.entrypoints.openapi_docs import error_responses, install_openapi
 from radixserve.entrypoints.replicas import Replicas, launch_replicas
 from radixserve.entrypoints.request_gate import RequestGate
 from radixserve.entrypoints.server_routes import add_info_routes
+from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
 from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
 from radixserve.entrypoints.serving_generate import NativeServing
@@ -153,6 +154,7 @@ def build_app(state: ServerState) -> FastAPI:
         return await servings["chat"].create(request)
 
     add_info_routes(app, state, servings)
+    add_lora_routes(app, state)  # /load_lora_adapter, /unload_lora_adapter
     web_feed = add_web_routes(app, state)  # the playground at /, its metrics stream, tree and step views
     install_openapi(app, [GenerateRequest, CompletionRequest, CompletionResponse, ChatCompletionRequest,
                           ChatCompletionResponse, AbortRequest, ModelList, ModelCard])

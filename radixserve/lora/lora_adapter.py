@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from radixserve.layers.linear import PackableLinear
+from radixserve.layers.linear import PackableLinear, RowParallelLinear
 from radixserve.lora.lora_config import SUPPORTED_TARGETS, LoRAConfig
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -31,8 +32,11 @@ _PREFIXES = ("base_model.model.",)  # what PEFT puts before the base model's own
 class LoRAWeights:
     """The delta of one of our projections: out += (x @ A.T) @ B.T (scaling already in B)."""
 
-    A: torch.Tensor  # [rank_sum, in_features]
-    B: torch.Tensor  # [out_features, rank_sum]
+    A: torch.Tensor  # [rank_sum, in_features] (this rank's)
+    B: torch.Tensor  # [out_features, rank_sum] (this rank's)
+    # row-parallel under TP: x @ A.T is a partial sum over this rank's input features; it is all-reduced
+    # (a [rows, rank] tensor, small) before B, and the delta is added after the layer's own all-reduce
+    reduce: bool = False
 
 
 @dataclass
@@ -83,15 +87,23 @@ def _read_tensors(config: LoRAConfig) -> dict[str, torch.Tensor]:
 
 
 def load_adapter(config: LoRAConfig, model: nn.Module, uid: int, dtype: torch.dtype,
-                 device: torch.device) -> LoRAAdapter:
+                 device: torch.device, ps: Any = None) -> LoRAAdapter:
     """Read and check an adapter against `model`; every error names the adapter (and the tensor)."""
+    if config.format == "gguf":
+        from radixserve.lora.gguf_adapter import read_gguf_pairs
+
+        cfg = model.config  # the q/k rows of llama-family files are permuted per head (gguf_adapter.py)
+        pairs = read_gguf_pairs(config, cfg.num_attention_heads, cfg.num_key_value_heads)
+    else:
+        pairs = _peft_pairs(config)
+    return build_adapter(config, pairs, model, uid, dtype, device, ps)
+
+
+def _peft_pairs(config: LoRAConfig) -> dict[str, dict[str, torch.Tensor]]:
+    """HF module path -> {"lora_A": [r, in], "lora_B": [out, r]} from a PEFT adapter_model.safetensors."""
     where = f"LoRA adapter {config.name!r}"
-    targets = lora_target_modules(model)
-    # our module -> [(shard id, A, B)]
-    pieces: dict[str, list[tuple[object, torch.Tensor, torch.Tensor]]] = {}
-    tensors = _read_tensors(config)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, t in tensors.items():
+    for key, t in _read_tensors(config).items():
         name = key
         for p in _PREFIXES:
             name = name.removeprefix(p)
@@ -102,8 +114,19 @@ def load_adapter(config: LoRAConfig, model: nn.Module, uid: int, dtype: torch.dt
                 break
         else:
             raise ValueError(f"{where}: tensor {key!r} is not a lora_A / lora_B weight (not supported)")
+    return pairs
+
+
+def build_adapter(config: LoRAConfig, pairs: dict[str, dict[str, torch.Tensor]], model: nn.Module, uid: int,
+                  dtype: torch.dtype, device: torch.device, ps: Any = None) -> LoRAAdapter:
+    """Check every (A, B) pair against the model's projection it targets and lay them out on ours,
+    this rank's slices only (A and B are cut like their layer: see _rank_slice)."""
+    where = f"LoRA adapter {config.name!r}"
     if not pairs:
-        raise ValueError(f"{where}: {ADAPTER_FILE} holds no LoRA tensors")
+        raise ValueError(f"{where}: the adapter holds no LoRA tensors")
+    targets = lora_target_modules(model)
+    tp = 1 if ps is None else ps.tp_size
+    pieces: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}  # our module -> [(dst row, A, B)]
     for hf_module, ab in sorted(pairs.items()):
         short = hf_module.rsplit(".", 1)[-1]
         if short not in SUPPORTED_TARGETS or (config.target_modules and short not in config.target_modules):
@@ -115,13 +138,13 @@ def load_adapter(config: LoRAConfig, model: nn.Module, uid: int, dtype: torch.dt
         module = targets.get(ours)
         if module is None:
             raise ValueError(f"{where}: target module {hf_module!r} does not exist in this model")
-        length = module.tp_slice(sid)[2] if sid is not None else 0
+        dim, start, length, dst = module.tp_slice(sid)
         out_f, in_f = module.weight_dims()
-        if sid is None:
-            length = out_f
+        replicas = getattr(module, "kv_replicas", 1) if sid in ("k", "v") else 1
+        full = length * tp // replicas  # the checkpoint size of the sharded dimension
+        want_a, want_b = ((config.r, in_f), (full, config.r)) if dim == 0 else ((config.r, full), (out_f, config.r))
         a, b = ab["lora_A"], ab["lora_B"]
-        for tname, t, want in ((f"{hf_module}.lora_A.weight", a, (config.r, in_f)),
-                               (f"{hf_module}.lora_B.weight", b, (length, config.r))):
+        for tname, t, want in ((f"{hf_module}.lora_A.weight", a, want_a), (f"{hf_module}.lora_B.weight", b, want_b)):
             if not t.is_floating_point():
                 raise ValueError(f"{where}: tensor {tname} has dtype {t.dtype}, expected a float type")
             if tuple(t.shape) != want:
@@ -129,21 +152,29 @@ def load_adapter(config: LoRAConfig, model: nn.Module, uid: int, dtype: torch.dt
                                  f"{want} (rank {config.r})")
             if not torch.isfinite(t).all():
                 raise ValueError(f"{where}: tensor {tname} holds NaN or Inf")
-        pieces.setdefault(ours, []).append((sid, a.to(torch.float32), b.to(torch.float32)))
-    weights = {ours: _stack(module_pieces, targets[ours], config.scaling, dtype, device)
-               for ours, module_pieces in pieces.items()}
+        # this rank's part: column-parallel cuts B's rows (its output shard), row-parallel A's columns
+        if dim == 0:
+            b = b.narrow(0, start, length)
+        else:
+            a = a.narrow(1, start, length)
+        pieces.setdefault(ours, []).append((dst, a.to(torch.float32), b.to(torch.float32)))
+    weights = {}
+    for ours, module_pieces in pieces.items():
+        module = targets[ours]
+        reduce = tp > 1 and isinstance(module, RowParallelLinear)
+        weights[ours] = _stack(module_pieces, module, config.scaling, dtype, device, reduce)
     return LoRAAdapter(config, uid, weights)
 
 
-def _stack(pieces: list[tuple[object, torch.Tensor, torch.Tensor]], module: PackableLinear, scaling: float,
-           dtype: torch.dtype, device: torch.device) -> LoRAWeights:
+def _stack(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], module: PackableLinear, scaling: float,
+           dtype: torch.dtype, device: torch.device, reduce: bool) -> LoRAWeights:
     out_f, _ = module.weight_dims()
     rank_sum = sum(a.shape[0] for _, a, _ in pieces)
-    B = torch.zeros(out_f, rank_sum)
+    B = torch.zeros(out_f, rank_sum)  # [out, sum of ranks]: block diagonal over the stacked shards
     col = 0
-    for sid, a, b in pieces:
-        dst = module.tp_slice(sid)[3] if sid is not None else 0
+    for dst, a, b in pieces:
         B[dst : dst + b.shape[0], col : col + a.shape[0]] = b * scaling
         col += a.shape[0]
-    A = torch.cat([a for _, a, _ in pieces], dim=0)
-    return LoRAWeights(A.to(device=device, dtype=dtype).contiguous(), B.to(device=device, dtype=dtype).contiguous())
+    A = torch.cat([a for _, a, _ in pieces], dim=0)  # [sum of ranks, in]
+    return LoRAWeights(A.to(device=device, dtype=dtype).contiguous(), B.to(device=device, dtype=dtype).contiguous(),
+                       reduce)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -10,14 +11,12 @@ MAX_LOADED_LORAS = 1024
 
 
 def check_lora_args(args: Any, bad: Callable[[str, str], None]) -> None:
-    from radixserve.lora.lora_config import check_adapter_name
     from radixserve.lora.lora_manager import parse_lora_paths
 
     if args.lora_paths is not None and not isinstance(args.lora_paths, tuple):
         object.__setattr__(args, "lora_paths", tuple(args.lora_paths))  # the CLI gives a list; frozen: once, here
     try:
-        for name in parse_lora_paths(args.lora_paths):
-            check_adapter_name(name)
+        parse_lora_paths(args.lora_paths)  # names checked there (lora_config.check_adapter_name)
     except ValueError as e:
         bad("lora_paths", str(e))
     if args.lora_paths and not args.enable_lora:
@@ -29,8 +28,11 @@ def check_lora_args(args: Any, bad: Callable[[str, str], None]) -> None:
     if not 1 <= args.max_loras_per_batch <= args.max_loaded_loras:
         bad("max_loras_per_batch", f"must be in [1, max_loaded_loras={args.max_loaded_loras}], "
             f"got {args.max_loras_per_batch}")
-    if args.enable_lora and args.ranks_per_replica > 1:
-        bad("enable_lora", f"LoRA adapters run on one rank per replica for now (got tp_size {args.tp_size}, "
-            f"pp_size {args.pp_size})")
-    if args.enable_lora and args.speculative_algorithm is not None:
-        bad("enable_lora", "LoRA adapters with speculative decoding are not supported yet")
+    if args.enable_lora and args.pp_size > 1:
+        bad("enable_lora", f"LoRA adapters with pipeline parallelism are not supported (got pp_size {args.pp_size}); "
+            "tensor parallelism (--tp-size) is")
+    if args.enable_lora and args.speculative_algorithm == "draft_model":
+        bad("enable_lora", "LoRA adapters with --speculative-algorithm draft_model are not supported (the draft "
+            "model has no adapters); ngram drafting is")
+    if args.lora_dir is not None and not os.path.isdir(args.lora_dir):
+        bad("lora_dir", f"{args.lora_dir!r} is not a folder")

@@ -24,19 +24,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixserve.lora.lora_adapter import LoRAAdapter, lora_target_modules
+from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights, lora_target_modules
 
 
 @dataclass
 class LoRAGroup:
     adapter: LoRAAdapter
-    rows: torch.Tensor  # int64 token rows of this step that use the adapter
+    rows: torch.Tensor | slice  # token rows of this step that use the adapter (a slice when contiguous)
 
 
 @dataclass
 class LoRABatch:
     groups: list[LoRAGroup]
-    # apply(x, rows, A, B, out): out[rows] += (x[rows] @ A.T) @ B.T; the C++ op when the kernels load
+    # apply(x, rows, weights, out, ps): out[rows] += (x[rows] @ A.T) @ B.T
     apply: Callable[..., None]
 
     @classmethod
@@ -51,15 +51,29 @@ class LoRABatch:
             if adapter is not None:
                 by_uid.setdefault(adapter.uid, (adapter, []))[1].extend(range(start, start + n))
             start += n
-        groups = [LoRAGroup(a, torch.tensor(rows, dtype=torch.int64, device=device)) for a, rows in by_uid.values()]
+        groups = [LoRAGroup(a, _rows(rows, device)) for a, rows in by_uid.values()]
         return cls(groups, apply)
 
 
-def torch_lora_apply(x: torch.Tensor, rows: torch.Tensor, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
-    """The reference segmented delta: out[rows] += (x[rows] @ A.T) @ B.T."""
-    xs = x.index_select(0, rows).to(A.dtype)  # [n_rows, in]
-    delta = (xs @ A.t()) @ B.t()  # [n_rows, rank] -> [n_rows, out]
-    out.index_add_(0, rows, delta.to(out.dtype))
+def _rows(rows: list[int], device: torch.device) -> torch.Tensor | slice:
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return slice(rows[0], rows[-1] + 1)
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def torch_lora_apply(x: torch.Tensor, rows: torch.Tensor | slice, w: LoRAWeights, out: torch.Tensor,
+                     ps: Any = None) -> None:
+    """The segmented delta of one adapter group: out[rows] += (x[rows] @ A.T) @ B.T.
+    rows is a slice when the group's rows are contiguous (no gather, no scatter)."""
+    xs = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
+    t = xs.to(w.A.dtype) @ w.A.t()  # [n_rows, rank]
+    if w.reduce:  # row-parallel: partial sums over this rank's input features
+        t = ps.all_reduce(t)
+    delta = (t @ w.B.t()).to(out.dtype)  # [n_rows, out]
+    if isinstance(rows, slice):
+        out[rows] += delta
+    else:
+        out.index_add_(0, rows, delta)
 
 
 _LORA_BATCH: ContextVar[LoRABatch | None] = ContextVar("radixserve_lora_batch", default=None)
@@ -78,7 +92,7 @@ def current_lora_batch() -> LoRABatch | None:
     return _LORA_BATCH.get()
 
 
-def _make_hook(module_name: str) -> Callable[[nn.Module, Any, torch.Tensor], torch.Tensor | None]:
+def _make_hook(module_name: str, ps: Any) -> Callable[[nn.Module, Any, torch.Tensor], torch.Tensor | None]:
     def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor | None:
         batch = _LORA_BATCH.get()
         if batch is None:
@@ -87,18 +101,18 @@ def _make_hook(module_name: str) -> Callable[[nn.Module, Any, torch.Tensor], tor
         for group in batch.groups:
             w = group.adapter.weights.get(module_name)
             if w is not None:
-                batch.apply(x, group.rows, w.A, w.B, out)
+                batch.apply(x, group.rows, w, out, ps)
         return out
 
     return hook
 
 
-def install_lora_hooks(model: nn.Module) -> int:
+def install_lora_hooks(model: nn.Module, ps: Any = None) -> int:
     """Add the LoRA delta to every projection an adapter may target (once per model); returns how many.
     NOTE: the hook runs after the module's forward, so a row-parallel projection's delta is added after
-    its all-reduce (tp_size 1 only; ServerArgs refuses LoRA with tp_size > 1)."""
+    its all-reduce: every rank adds the whole delta, from the all-reduced [rows, rank] product."""
     if getattr(model, "_radixserve_lora_hooks", None) is not None:
         return len(model._radixserve_lora_hooks)
-    handles = [m.register_forward_hook(_make_hook(name)) for name, m in lora_target_modules(model).items()]
+    handles = [m.register_forward_hook(_make_hook(name, ps)) for name, m in lora_target_modules(model).items()]
     model._radixserve_lora_hooks = handles
     return len(handles)

@@ -53,6 +53,7 @@ class LoRAConfig:
     lora_alpha: float
     use_rslora: bool
     target_modules: tuple[str, ...] | None  # None: a regex in the file; the tensors present decide
+    format: str = "peft"  # "peft" (a folder) or "gguf" (llama.cpp's adapter file, lora/gguf_adapter.py)
 
     @property
     def scaling(self) -> float:
@@ -60,11 +61,21 @@ class LoRAConfig:
         return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
 
     @classmethod
+    def from_path(cls, name: str, path: str, max_rank: int) -> LoRAConfig:
+        """A PEFT folder, or a llama.cpp GGUF adapter file (*.gguf)."""
+        check_adapter_name(name)
+        if os.path.isfile(path) and path.endswith(".gguf"):
+            from radixserve.lora.gguf_adapter import gguf_lora_config
+
+            return gguf_lora_config(name, path, max_rank)
+        return cls.from_folder(name, path, max_rank)
+
+    @classmethod
     def from_folder(cls, name: str, path: str, max_rank: int) -> LoRAConfig:
         check_adapter_name(name)
         where = f"LoRA adapter {name!r} ({path})"
         if not os.path.isdir(path):
-            raise ValueError(f"{where}: no such folder")
+            raise ValueError(f"{where}: no such folder (a PEFT adapter folder or a .gguf adapter file)")
         cfg_path = os.path.join(path, "adapter_config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"{where}: adapter_config.json is missing")

@@ -83,6 +83,17 @@ class GetRadixTreeReq:
 
 
 @dataclass
+class LoRAControlReq:
+    """Load / unload / count the users of a LoRA adapter (lora/lora_scheduling.py LoRAScheduling.control)."""
+
+    rpc_id: int = 0
+    op: str = "list"  # load | unload | users | list
+    name: str = ""
+    path: str | None = None
+    uid: int = 0  # users: the registration an unload returned
+
+
+@dataclass
 class ShutdownReq:
     """Stop the scheduler after its current step (the server's and the Engine's shutdown)."""
 

@@ -92,11 +92,13 @@ class Req:
     grammar_queued_at: float = 0.0
     grammar: Any = None
 
-    # LoRA (lora/): the adapter this request runs with (None = base), its radix cache namespace, and
-    # whether it pins the adapter in memory (from admission until it finishes)
+    # LoRA (lora/lora_scheduling.py): the adapter this request runs with (None = base), its registration
+    # uid (0 = base; also its radix cache namespace), whether it pins the weights (while admitted), and
+    # whether it has stopped counting as the adapter's user (done)
     lora_name: str | None = None
     lora_uid: int = 0
     lora_pinned: bool = False
+    lora_released: bool = False
 
     # ------------------------------------------------------------------ state
     @property

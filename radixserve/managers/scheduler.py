@@ -138,7 +138,6 @@ class Scheduler:
             self.grammar_queue.remove(req)
         else:
             self.waiting_queue.remove(req)
-        self.lora.release(req)
         req.finished_reason = reason
         self.output_processor.pending.append(req)
 
@@ -184,7 +183,6 @@ class Scheduler:
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
         self.tree_cache.cache_finished_req(req, kv_len=req.kv_len)
-        self.lora.release(req)
         self.output_processor.pending.append(req)
 
     # ------------------------------------------------------------------ step
@@ -215,6 +213,7 @@ class Scheduler:
             self.spec_worker.release_stale(self.running_batch.reqs)
         if self.checker is not None:
             self.checker.check_memory()
+        self.lora.release_finished(self.output_processor.pending)  # every way a request ends passes here
         outputs = self.output_processor.flush()
         self.step_time_s += time.perf_counter() - t0
         return outputs
@@ -288,10 +287,11 @@ class Scheduler:
                     break
             self.chunked_req = adder.new_chunked_req
         self.wait_reason = adder.stop_reason or ("in_batch_prefix" if held_back else None)
+        for req in self.lora.take_failed():  # its adapter's files no longer load: a 500, the queue goes on
+            self._drop_queued(req, FinishReason("abort", message="LoRA adapter unreadable"))
+        self.lora.unpin_waiting(self.waiting_queue, adder.can_run)  # only admitted requests hold a pin
         if not adder.can_run:
             return None
-        for req in adder.can_run:
-            self.lora.pin(req)  # before the forward reads its weights; released when it finishes
         admitted = {id(r) for r in adder.can_run}
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         for req in adder.can_run:

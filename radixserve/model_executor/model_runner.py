@@ -49,7 +49,7 @@ from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
 from radixserve.lora.lora_batch import lora_batch_mode
-from radixserve.lora.runner_setup import make_lora_manager
+from radixserve.lora.runner_setup import lora_batch_for, make_lora_manager
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
@@ -310,7 +310,7 @@ class ModelRunner:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
-        lora = None if self.lora_manager is None else self.lora_manager.batch_for(forward_batch)
+        lora = lora_batch_for(self, forward_batch)  # None unless some row uses an adapter
         with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops, self.quant_max_rows), \
                 lora_batch_mode(lora):
             # a step with adapter rows runs layer by layer: the native decode stack has no LoRA deltas

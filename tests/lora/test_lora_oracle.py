@@ -41,7 +41,7 @@ def test_four_adapters_and_base_in_one_batch(make_lora_scheduler, prompts, refs)
     orig = sched.model_runner.forward_batch_generation
 
     def spy(batch):
-        steps.append(sorted({x for x in (batch.lora_names or [None] * batch.batch_size)}, key=str))
+        steps.append(set(batch.lora_uids or [0] * batch.batch_size))
         return orig(batch)
 
     sched.model_runner.forward_batch_generation = spy
@@ -91,3 +91,54 @@ def test_unknown_adapter_is_a_404_naming_it_and_the_next_request_runs(make_lora_
     out = run(sched, {"x": (prompts[0], "nope")})
     assert out["x"].error[0] == 404 and "'nope'" in out["x"].error[1]
     assert_matches(run(sched, {"ok": (prompts[0], "a")})["ok"], refs[("a", 0)], what="after 404")
+
+
+def test_batch_cap_and_lru_keep_outputs_exact(make_lora_scheduler, prompts, refs):
+    """--max-loras-per-batch 2 over 4 adapters with only 2 in memory: requests wait their turn (never more
+    than 2 adapters in a step), adapters are re-read after eviction, and every output is still exact."""
+    sched = make_lora_scheduler(max_loras_per_batch=2, max_loaded_loras=2)
+    steps = []
+    orig = sched.model_runner.forward_batch_generation
+
+    def spy(batch):
+        steps.append({u for u in (batch.lora_uids or []) if u})
+        return orig(batch)
+
+    sched.model_runner.forward_batch_generation = spy
+    names = ["a", "b", "c", "d"]
+    out = run(sched, {f"{n}-{i}": (p, n) for n in names for i, p in enumerate(prompts[:2])} | {"base": (prompts[0], None)})
+    for n in names:
+        for i in range(2):
+            assert_matches(out[f"{n}-{i}"], refs[(n, i)], what=f"{n} prompt {i} under the cap")
+    assert_matches(out["base"], refs[(None, 0)], what="base under the cap")
+    assert max(len(s) for s in steps) == 2
+    manager = sched.model_runner.lora_manager
+    assert len(manager.loaded) <= 2 and all(r.pins == 0 and r.refs == 0 for r in manager.regs.values())
+
+
+def test_ngram_speculative_verify_uses_the_requests_adapter(make_lora_scheduler, prompts, refs):
+    """The verify forward runs each request's adapter: greedy outputs equal peft's, drafts or not."""
+    sched = make_lora_scheduler(speculative_algorithm="ngram")
+    rep = prompts[1] * 3  # repeated text: the n-gram drafter proposes tokens
+    ref_a = refs[("a", 1)]
+    out = run(sched, {"a": (prompts[1], "a"), "b": (prompts[2], "b"), "a-rep": (rep, "a"), "base": (rep, None)})
+    assert_matches(out["a"], ref_a, what="a with ngram")
+    assert_matches(out["b"], refs[("b", 2)], what="b with ngram")
+    assert len({tuple(out["a-rep"].ids), tuple(out["base"].ids)}) == 2
+
+
+def test_structured_output_under_an_adapter(make_lora_scheduler, prompts, refs):
+    """A grammar constrains an adapter's tokens as it does the base model's (the mask is per request)."""
+    from radixserve.managers.io_struct import TokenizedGenerateReqInput
+    from radixserve.sampling.sampling_params import SamplingParams
+
+    sched = make_lora_scheduler()
+    tok = sched.tokenizer
+    sp = SamplingParams(temperature=0.0, max_new_tokens=6, regex="[0-9]{3}")
+    assert sched.add_request(TokenizedGenerateReqInput("s", prompts[0], sp, lora_path="a")) is None
+    ids = []
+    while sched.has_work():
+        for o in sched.step():
+            ids.extend(o.new_token_ids)
+    text = tok.decode(ids, skip_special_tokens=True)
+    assert len(text) == 3 and text.isdigit(), text
