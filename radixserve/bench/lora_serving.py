@@ -65,10 +65,13 @@ def write_random_adapters(model_path: str, out_dir: str, num: int, rank: int, se
 
 
 def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats: int = 20) -> float:
-    """ms for one decode step's LoRA deltas: `rows` rows over `num` adapters, every projection of every
-    layer (our stacked layout: qkv and gate_up are one pair each), the torch path the server runs."""
-    from radixserve.lora.lora_adapter import LoRAWeights
-    from radixserve.lora.lora_batch import torch_lora_apply
+    """ms for one decode step's LoRA deltas: `rows` rows (one per request) round-robin over `num` adapters,
+    every projection of every layer in our stacked layout, through the path the server takes (LoRABatch:
+    dense for few rows, segmented otherwise)."""
+    from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights
+    from radixserve.lora.lora_batch import LoRABatch, torch_lora_apply
+    from radixserve.lora.lora_config import LoRAConfig
+    from radixserve.lora.lora_dense import DenseCache
     from radixserve.model_loader import get_model_config
 
     cfg = get_model_config(model_path)
@@ -76,17 +79,25 @@ def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats
     stacked = {"qkv": (s["q_proj"][0] + 2 * s["k_proj"][0], cfg.hidden_size, 3 * rank),
                "o": (*s["o_proj"], rank), "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size, 2 * rank),
                "down": (*s["down_proj"], rank)}
-    weights = {n: [LoRAWeights(torch.randn(r, i), torch.randn(o, r)) for _ in range(num)]
-               for n, (o, i, r) in stacked.items()}
-    groups = [slice(k * rows // num, (k + 1) * rows // num) for k in range(num)]
+    names = [f"{layer}.{n}" for layer in range(cfg.num_hidden_layers) for n in stacked]
+    adapters = [LoRAAdapter(LoRAConfig(f"x{k}", "", rank, 2.0 * rank, False, None), k + 1,
+                            {n: LoRAWeights(torch.randn(stacked[n.split(".")[1]][2], stacked[n.split(".")[1]][1]),
+                                            torch.randn(stacked[n.split(".")[1]][0], stacked[n.split(".")[1]][2]))
+                             for n in names}) for k in range(num)]
+    batch = LoRABatch.build([adapters[i % num] for i in range(rows)], [1] * rows, torch.device("cpu"),
+                            torch_lora_apply, DenseCache())
+    assert batch is not None
     xs = {n: torch.randn(rows, i) for n, (o, i, r) in stacked.items()}
     outs = {n: torch.zeros(rows, o) for n, (o, i, r) in stacked.items()}
 
     def step() -> None:
-        for _ in range(cfg.num_hidden_layers):
-            for n in stacked:
-                for g, w in zip(groups, weights[n]):
-                    torch_lora_apply(xs[n], g, w, outs[n])
+        for name in names:
+            kind = name.split(".")[1]
+            if batch.dense is not None:
+                batch.dense.apply(name, xs[kind], outs[kind], None)
+            else:
+                for g in batch.groups:
+                    torch_lora_apply(xs[kind], g.rows, g.adapter.weights[name], outs[kind])
 
     step()
     t = time.perf_counter()

@@ -50,12 +50,12 @@ from radixserve.entrypoints.openapi_docs import error_responses, install_openapi
 from radixserve.entrypoints.replicas import Replicas, launch_replicas
 from radixserve.entrypoints.request_gate import RequestGate
 from radixserve.entrypoints.server_routes import add_info_routes
-from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
 from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
 from radixserve.entrypoints.serving_generate import NativeServing
 from radixserve.entrypoints.web.routes import add_web_routes
 from radixserve.exceptions import SchedulerDied
+from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.managers.io_struct import ShutdownReq
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.metrics import ServerMetrics

@@ -6,7 +6,8 @@
 
 Each projection runs its base GEMM as always (low-bit kernels included); then, per adapter group,
 out[rows] += (x[rows] @ A.T) @ B.T: one pair of small GEMMs per adapter per projection per step, however
-many requests share the adapter (Punica / S-LoRA's segmented matmul, grouped by adapter). A step with no
+many requests share the adapter (Punica / S-LoRA's segmented matmul, grouped by adapter). A step of few
+rows over several adapters (decode) runs all groups in one GEMM pair instead (lora_dense.py). A step with no
 adapter row has no LoRABatch: the hooks return at once and the projections run exactly as without LoRA.
 
 The batch is set for the duration of one forward by ModelRunner (`lora_batch_mode`), the same way the
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights, lora_target_modules
+from radixserve.lora.lora_dense import ROW_LIMIT, DenseCache, DenseLoRA
 
 
 @dataclass
@@ -38,10 +40,11 @@ class LoRABatch:
     groups: list[LoRAGroup]
     # apply(x, rows, weights, out, ps): out[rows] += (x[rows] @ A.T) @ B.T
     apply: Callable[..., None]
+    dense: DenseLoRA | None = None  # few rows, several adapters: all groups in one GEMM pair (lora_dense.py)
 
     @classmethod
     def build(cls, adapters: list[LoRAAdapter | None], rows_per_req: list[int], device: torch.device,
-              apply: Callable[..., None]) -> LoRABatch | None:
+              apply: Callable[..., None], dense_cache: DenseCache | None = None) -> LoRABatch | None:
         """adapters: per request (None = base); rows_per_req: its token rows this step, in order."""
         if all(a is None for a in adapters):
             return None
@@ -52,7 +55,15 @@ class LoRABatch:
                 by_uid.setdefault(adapter.uid, (adapter, []))[1].extend(range(start, start + n))
             start += n
         groups = [LoRAGroup(a, _rows(rows, device)) for a, rows in by_uid.values()]
-        return cls(groups, apply)
+        dense = None
+        if dense_cache is not None and len(groups) > 1 and start <= ROW_LIMIT:
+            order = sorted(by_uid)  # a stable key for the cache: the set, not the batch order
+            index = {uid: g for g, uid in enumerate(order)}
+            row_group = torch.full((start,), -1, dtype=torch.int64)
+            for uid, (_, rows) in by_uid.items():
+                row_group[rows] = index[uid]
+            dense = DenseLoRA(dense_cache.get([by_uid[u][0] for u in order]), row_group.to(device))
+        return cls(groups, apply, dense)
 
 
 def _rows(rows: list[int], device: torch.device) -> torch.Tensor | slice:
@@ -98,6 +109,9 @@ def _make_hook(module_name: str, ps: Any) -> Callable[[nn.Module, Any, torch.Ten
         if batch is None:
             return None  # base-only step: the projection's own output, untouched
         x = inputs[0]
+        if batch.dense is not None:
+            batch.dense.apply(module_name, x, out, ps)
+            return out
         for group in batch.groups:
             w = group.adapter.weights.get(module_name)
             if w is not None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 from radixserve.lora.lora_adapter import LoRAAdapter, load_adapter
 from radixserve.lora.lora_batch import LoRABatch, install_lora_hooks, torch_lora_apply
 from radixserve.lora.lora_config import LoRAConfig, check_adapter_name
+from radixserve.lora.lora_dense import DenseCache
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class LoRAManager:
         self.by_name: dict[str, int] = {}  # name -> uid of its active registration
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self.apply = torch_lora_apply
+        self.dense_cache = DenseCache()  # decode steps over several adapters (lora_dense.py)
         self.said_layer_by_layer = False  # runner_setup.lora_batch_for logs the fallback once
         install_lora_hooks(model, ps)
         for name, path in paths.items():
@@ -127,6 +129,8 @@ class LoRAManager:
         if not reg.active and reg.refs == 0:
             del self.regs[reg.uid]
             self.loaded.pop(reg.uid, None)
+            if self.dense_cache.key is not None and reg.uid in self.dense_cache.key:
+                self.dense_cache.drop()  # its weights go now
 
     # ------------------------------------------------------------------ requests
     def acquire(self, name: str) -> int:
@@ -191,4 +195,4 @@ class LoRAManager:
         if len(uids) != fb.batch_size:
             raise ValueError(f"ForwardBatch.lora_uids has {len(uids)} entries for {fb.batch_size} requests")
         adapters = [None if u == 0 else self.adapter(u) for u in uids]
-        return LoRABatch.build(adapters, fb.extend_seq_lens_cpu, self.device, self.apply)
+        return LoRABatch.build(adapters, fb.extend_seq_lens_cpu, self.device, self.apply, self.dense_cache)
