@@ -175,38 +175,47 @@ def test_bad_adapters_are_clear_errors_and_the_server_goes_on(http, prompts, ref
 
 
 def test_load_and_unload_under_load(http, srv, prompts, refs):
-    """200 requests over a, b, c, d while d is unloaded and d2 (d's weights) loaded: no 5xx; each answer is
-    its adapter's output, or a 404 for d after its unload / d2 before its load; no KV left in use."""
-    plan = [("a", "b", "c", "d", "d2")[i % 5] for i in range(200)]
-    results: list[tuple[str, int, int, list[int] | None]] = [None] * len(plan)  # type: ignore[list-item]
-    started = threading.Event()
+    """200 requests over a, b, c, d while d is unloaded (with some of its requests running) and d2 (d's
+    weights) loaded: no 5xx; each answer is its adapter's output, or a 404 for d after its unload / d2 before
+    its load; the unload returns only after d's running requests finished; no KV left in use."""
+    import time
+
+    plan = ["d"] * 12 + [("a", "b", "c", "d", "d2")[i % 5] for i in range(188)]
+    results: list[tuple[str, int, int, list[int] | None, float]] = [None] * len(plan)  # type: ignore[list-item]
+    some_done = threading.Semaphore(0)
 
     def one(i: int) -> None:
-        started.set()
         name, p = plan[i], i % len(prompts)
         with httpx.Client(base_url=srv.base_url, timeout=300) as c:
             r = gen(c, prompts[p], name)
-        results[i] = (name, p, r.status_code, r.json().get("output_ids") if r.status_code == 200 else None)
+        results[i] = (name, p, r.status_code, r.json().get("output_ids") if r.status_code == 200 else None,
+                      time.monotonic())
+        some_done.release()
 
     with ThreadPoolExecutor(16) as pool:
         futs = [pool.submit(one, i) for i in range(len(plan))]
-        started.wait()
+        for _ in range(3):
+            some_done.acquire()  # a few answered: the first d requests are running or queued now
         unload = http.post("/unload_lora_adapter", json={"lora_name": "d"})
+        unload_done = time.monotonic()
         load = http.post("/load_lora_adapter", json={"lora_name": "d2", "lora_path": "d2"})
         for f in futs:
             f.result()
     assert unload.status_code == 200 and unload.json()["in_flight_requests"] == 0, unload.text
     assert load.status_code == 200, load.text
-    codes = {}
-    for name, p, status, ids in results:
+    codes: dict[tuple[str, int], int] = {}
+    for name, p, status, ids, done in results:
         codes[(name, status)] = codes.get((name, status), 0) + 1
         assert status in (200, 404), (name, status)
         if status == 200:
             assert ids == refs[("d" if name == "d2" else name, p)], name
+            if name == "d":
+                assert done <= unload_done, "the unload returned before a request using d finished"
         else:
             assert name in ("d", "d2")
-    assert all(codes.get((n, 200), 0) == 40 for n in "abc"), codes
     print("load/unload under load:", codes)
+    assert all(codes.get((n, 200), 0) == plan.count(n) for n in "abc"), codes
+    assert codes.get(("d", 200), 0) > 0 and codes.get(("d", 404), 0) > 0, codes
     assert gen(http, prompts[0], "d").status_code == 404
     assert gen(http, prompts[0], "d2").json()["output_ids"] == refs[("d", 0)]
     info = http.get("/get_server_info").json()
