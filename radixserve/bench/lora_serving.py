@@ -9,7 +9,7 @@ measurement of the LoRA matmul itself: one decode step's deltas (every projectio
 `concurrency` rows spread over the N adapters.
 
     radixserve bench lora [--model-path M] [--num-adapters 8 --rank 16 --concurrency 32 --num-requests 96]
-    radixserve bench lora --quick            # 2 adapters, rank 8, 8 short requests: a smoke test
+    radixserve bench lora --quick            # 2 adapters, rank 8, 4 short requests: a smoke test
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len-range", default="128,256")
     p.add_argument("--output-len-range", default="64,128")
     p.add_argument("--server-args", default="", help="extra `radixserve serve` flags, one string")
-    p.add_argument("--quick", action="store_true", help="2 adapters, rank 8, 8 short requests (a smoke test)")
+    p.add_argument("--quick", action="store_true", help="2 adapters, rank 8, 4 short requests (a smoke test)")
     p.add_argument("--json", default=None)
     return p
 
@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = build_parser().parse_args(argv)
     if args.quick:
-        args.num_adapters, args.rank, args.concurrency, args.num_requests = 2, 8, 4, 8
-        args.input_len_range, args.output_len_range = "16,32", "8,8"
+        args.num_adapters, args.rank, args.concurrency, args.num_requests = 2, 8, 4, 4
+        args.input_len_range, args.output_len_range = "16,32", "4,4"
     if not 1 <= args.num_adapters <= 64 or not 1 <= args.rank <= 256:
         raise SystemExit("--num-adapters must be in 1..64 and --rank in 1..256")
     model = args.model_path or default_model_path()
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lora_over_base": tput["lora"] / tput["base"] if tput["base"] else 0.0,
         "tpot_ms_lora": runs["lora"]["tpot_ms"]["mean"], "tpot_ms_base": runs["base"]["tpot_ms"]["mean"],
         "lora_matmul_ms_per_decode_step": lora_matmul_step_ms(model, args.num_adapters, args.rank,
-                                                               args.concurrency),
+                                                               args.concurrency, repeats=3 if args.quick else 20),
         "failed": runs["lora"]["failed"] + runs["base"]["failed"],
     }
     print_kv(summary, title=f"bench lora: {args.num_adapters} x rank {args.rank} vs base ({os.path.basename(model)})")
