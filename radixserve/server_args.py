@@ -30,6 +30,8 @@ QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/pla
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_DEFAULT_MEM_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class ServerArgs:
     rpc_timeout: float = _knob(30.0, "seconds a control call (flush_cache, server info) waits for the scheduler")
     # --- memory ---
     max_total_tokens: int | None = _knob(None, "KV pool size in tokens (default: from the memory budget)")
-    mem_fraction_static: float = _knob(0.8, "GPU: fraction of device memory for weights + KV pool")
+    mem_fraction_static: float = _knob(_DEFAULT_MEM_FRACTION, "GPU: fraction of device memory for weights + KV pool")
     cpu_kv_cache_gb: float = _knob(2.0, "CPU: cap on the KV pool size in GiB")
     page_size: int = _knob(1, "KV slots per page; prefixes are shared in whole pages")
     # --- scheduling ---
@@ -336,6 +338,10 @@ class ServerArgs:
             bad("context_length", "must be >= 2")
         if not 0 < self.mem_fraction_static <= 1:
             bad("mem_fraction_static", "must be in (0, 1]")
+        if self.device == "cpu" and self.mem_fraction_static != _DEFAULT_MEM_FRACTION:  # read on CUDA only
+            bad("mem_fraction_static", "sizes a GPU's KV pool; on a CPU the pool is capped by cpu_kv_cache_gb")
+        if self.log_level.lower() not in LOG_LEVELS:
+            bad("log_level", f"must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if self.chat_template is not None:  # a bad file fails the start, never a request
             from radixserve.model_loader.chat_template import read_chat_template
 

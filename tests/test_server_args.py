@@ -14,7 +14,8 @@ from radixserve.server_args import ServerArgs
     [("attention_backend", "flashinfer"), ("linear_backend", "cublas"), ("dtype", "int8"), ("page_size", 0),
      ("device", "tpu"), ("grammar_backend", "outlines"), ("grammar_cache_size", 0), ("grammar_cache_size", 10**12),
      ("grammar_compile_timeout", 0), ("grammar_compile_timeout", 1e9), ("grammar_compile_timeout", float("nan")),
-     ("tool_call_parser", "gpt-oss")],
+     ("tool_call_parser", "gpt-oss"), ("log_level", "loud"),
+     ("mem_fraction_static", 0.5)],  # a GPU's knob: on a CPU it would be ignored
 )
 def test_bad_value_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"ServerArgs.{field}"):

@@ -66,16 +66,22 @@ class SchedulerPorts:
     from_scheduler: str  # ZMQ address the scheduler pushes outputs to
 
 
+def seed_sampling(server_args: ServerArgs, dp_rank: int = 0) -> None:
+    """Unseeded sampling draws from the process's torch generator, whose default seed is the same in
+    every process: without an offset, two replicas given the samples of one n > 1 call would draw
+    the same numbers. The ranks of a replica share it (their sampled tokens are the last stage's anyway)."""
+    import torch
+
+    torch.manual_seed(server_args.random_seed + dp_rank)
+
+
 class SchedulerProcess:
     def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, rank: int = 0, dp_rank: int = 0) -> None:
         import torch
 
         from radixserve.managers.scheduler import Scheduler
 
-        # Unseeded sampling draws from the process's torch generator, whose default seed is the same in
-        # every process: without an offset, two replicas given the samples of one n > 1 call would draw
-        # the same numbers. The ranks of a replica share it (their sampled tokens are the last stage's anyway).
-        torch.manual_seed(server_args.random_seed + dp_rank)
+        seed_sampling(server_args, dp_rank)
         self.scheduler = Scheduler(server_args, rank=rank)
         self.rank = rank
         self.dp_rank = dp_rank

@@ -175,3 +175,21 @@ def test_large_batch_shows_progress_bar(engine, capfd):
     outs = engine.generate([f"Item {i}:" for i in range(20)], greedy(2))
     assert len(outs) == 20
     assert "generate" in capfd.readouterr().err
+
+
+def test_show_progress_draws_a_bar_for_large_batches_only(engine, capfd):
+    from radixserve.entrypoints.engine import PROGRESS_BAR_MIN_BATCH
+
+    prompts = [f"Item {i}:" for i in range(PROGRESS_BAR_MIN_BATCH)]
+    capfd.readouterr()
+    engine.generate(prompts, greedy(1))
+    assert "generate" in capfd.readouterr().err  # tqdm's bar, on stderr
+    engine.generate(prompts[:2], greedy(1))
+    assert "generate" not in capfd.readouterr().err
+    # the knob is read per call: off, the same large batch draws nothing
+    object.__setattr__(engine.server_args, "show_progress", False)
+    try:
+        engine.generate(prompts, greedy(1))
+        assert "generate" not in capfd.readouterr().err
+    finally:
+        object.__setattr__(engine.server_args, "show_progress", True)

