@@ -222,6 +222,17 @@ class ServerArgs:
         "last", "last | mean: how --is-embedding pools the final hidden states (last = the last token's, as "
         "Qwen3-Embedding and e5-mistral; mean = the average over the prompt, as gte)"
     )
+    # --- LoRA adapters (radixserve/lora/) ---
+    lora_paths: tuple[str, ...] | None = _knob(
+        None, "LoRA adapters served beside the base model: name=path (a PEFT folder or a llama.cpp .gguf "
+        "adapter) ...; requests pick one with "
+        "lora_path (native) or model='adapter' / 'base:adapter' (OpenAI)", nargs="+"
+    )
+    enable_lora: bool = _knob(False, "serve LoRA adapters (implied by --lora-paths): hooks on every projection")
+    max_lora_rank: int = _knob(64, "largest adapter rank accepted (1..1024)")
+    max_loaded_loras: int = _knob(8, "adapters held in memory, least recently used evicted (1..1024)")
+    max_loras_per_batch: int = _knob(8, "distinct adapters in one step; requests for more wait (1..max_loaded_loras)")
+    lora_dir: str | None = _knob(None, "if set, /load_lora_adapter only reads adapters inside this folder")
     # --- misc ---
     random_seed: int = _knob(0, "seed for sampling requests that bring no seed")
     num_threads: int | None = _knob(
@@ -286,7 +297,8 @@ class ServerArgs:
             if base is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
             else:
-                parser.add_argument(flag, type=base, default=f.default, help=f"{help_text} (default: {f.default})")
+                parser.add_argument(flag, type=base, default=f.default, help=f"{help_text} (default: {f.default})",
+                                    **({"nargs": f.metadata["nargs"]} if "nargs" in f.metadata else {}))
         # SGLang spells it --model too.
         parser.add_argument("--model", dest="model_path", default=argparse.SUPPRESS, help="alias of --model-path")
 

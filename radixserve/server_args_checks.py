@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from radixserve.distributed.host_port import parse_host_port
 from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
 from radixserve.model_loader.chat_template import read_chat_template
+from radixserve.lora.lora_args import check_lora_args
 from radixserve.parser.reasoning_args import check_reasoning_args
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ def check_server_args(args: ServerArgs) -> None:
     check_reasoning_args(args, bad)  # parser/reasoning_args.py
     if args.tool_call_parser not in TOOL_CALL_PARSERS:
         bad("tool_call_parser", f"unknown format {args.tool_call_parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
+    check_lora_args(args, bad)  # lora/lora_args.py
     if args.pooling not in POOLING_METHODS:
         bad("pooling", f"must be one of {POOLING_METHODS}, got {args.pooling!r}")
     if args.is_embedding and (args.speculative_algorithm or args.pp_size > 1):  # it decodes nothing

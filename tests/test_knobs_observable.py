@@ -65,6 +65,13 @@ SERVER_EVIDENCE: dict[str, str] = {
     "speculative_ngram_min_match_window": "tests/managers/test_speculative.py",
     "speculative_ngram_max_match_window": "tests/managers/test_speculative.py",
     "grammar_compile_timeout": "tests/constrained/test_structured_output.py",
+    # LoRA (docs/lora.md)
+    "lora_paths": "tests/lora/test_lora_default_model.py",
+    "enable_lora": "tests/lora/test_lora_manager.py",
+    "max_lora_rank": "tests/lora/test_lora_http.py",
+    "max_loaded_loras": "tests/lora/test_lora_oracle.py",
+    "max_loras_per_batch": "tests/lora/test_lora_oracle.py",
+    "lora_dir": "tests/lora/test_lora_http.py",
     "tool_call_parser": "tests/test_server_args.py",
     "num_threads": "tests/distributed/test_tensor_parallel.py",
     "log_level": "tests/test_server_args.py",  # validated; applied by each process's logging set-up

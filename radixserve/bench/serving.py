@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-tqdm", action="store_true")
     p.add_argument("--save-requests", action="store_true", help="keep per-request results in the JSON")
     p.add_argument("--json", default=None)
+    p.add_argument("--lora-adapters", nargs="+", default=None, metavar="NAME",
+                   help="LoRA adapter mix: conversation i is sent as model NAME[i %% len] (vLLM's convention; "
+                   "'base' = the base model); docs/lora.md")
     add_dataset_args(p)
     return p
 
@@ -137,6 +140,15 @@ async def send_request(client: httpx.AsyncClient, url: str, body: dict[str, Any]
     return result
 
 
+def model_of_conversation(args: argparse.Namespace, base_model: str, ci: int) -> str:
+    """--lora-adapters: requests spread round-robin over the adapters ('base' = the base model)."""
+    names = args.lora_adapters
+    if not names:
+        return base_model
+    name = names[ci % len(names)]
+    return base_model if name == "base" else name
+
+
 async def run_benchmark(args: argparse.Namespace, convs: list[Conversation], tokenizer: Any) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     chat = args.endpoint == "chat"
@@ -159,8 +171,9 @@ async def run_benchmark(args: argparse.Namespace, convs: list[Conversation], tok
         async def conversation(ci: int, conv: Conversation, delay: float) -> None:
             await asyncio.sleep(delay)
             answers: list[str] = []
+            conv_model = model_of_conversation(args, model, ci)
             for k, turn in enumerate(conv.turns):
-                body = make_payload(args, model, conv, k, answers, turn.output_len)
+                body = make_payload(args, conv_model, conv, k, answers, turn.output_len)
                 res = RequestResult(conversation=ci, turn=k)
                 if sem is not None:
                     async with sem:

@@ -97,12 +97,14 @@ class Engine:
         stream: bool = False,
         rid: str | None = None,
         timeout: float | None = None,
+        lora_path: str | None = None,  # a loaded LoRA adapter's name (--lora-paths); None = the base model
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Returns a dict (or a list for batch input); with stream=True, an iterator of
         incremental dicts whose "text" and "output_ids" hold only what is new."""
         subs, is_batch = self._normalize(prompt, input_ids, sampling_params, rid, timeout,
                                          return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-                                         return_prompt_logprob=return_prompt_logprob, stream=stream)
+                                         return_prompt_logprob=return_prompt_logprob, stream=stream,
+                                         lora_path=lora_path)
         if stream:
             if is_batch:
                 raise ValueError("stream: streaming takes a single prompt")
@@ -144,11 +146,12 @@ class Engine:
         stream: bool = False,
         rid: str | None = None,
         timeout: float | None = None,
+        lora_path: str | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """Like generate(), awaitable from any event loop."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
                                timeout=timeout, return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
-                               return_prompt_logprob=return_prompt_logprob, stream=stream)
+                               return_prompt_logprob=return_prompt_logprob, stream=stream, lora_path=lora_path)
         subs, is_batch = await asyncio.wrap_future(self._submit(self._normalize_on_loop(obj)))
         if stream:
             if is_batch:

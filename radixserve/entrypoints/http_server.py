@@ -58,6 +58,7 @@ from radixserve.entrypoints.serving_generate import NativeServing
 from radixserve.entrypoints.web.routes import add_web_routes
 from radixserve.entrypoints.worker_node import run_worker_node
 from radixserve.exceptions import SchedulerDied
+from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.managers.io_struct import ShutdownReq
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.metrics import ServerMetrics
@@ -159,6 +160,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     add_info_routes(app, state, servings)
     add_embedding_routes(app, state, servings)  # /v1/embeddings, /tokenize, /detokenize
+    add_lora_routes(app, state)  # /load_lora_adapter, /unload_lora_adapter
     web_feed = add_web_routes(app, state)  # the playground at /, its metrics stream, tree and step views
     install_openapi(app, [GenerateRequest, CompletionRequest, CompletionResponse, ChatCompletionRequest,
                           ChatCompletionResponse, AbortRequest, ModelList, ModelCard, *EMBEDDING_SCHEMA_MODELS])

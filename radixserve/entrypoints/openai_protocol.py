@@ -157,6 +157,7 @@ class GenerateRequest(_Request):
     return_prompt_logprob: bool = False
     rid: str | None = None
     timeout: float | None = None
+    lora_path: str | None = None  # a loaded LoRA adapter's name (SGLang's field); None = the base model
 
 
 class AbortRequest(_Request):
@@ -282,6 +283,7 @@ class ModelCard(BaseModel):
     owned_by: str = "radixserve"
     root: str | None = None
     max_model_len: int | None = None
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's field); None for the base itself
 
 
 class ModelList(BaseModel):

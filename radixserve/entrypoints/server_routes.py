@@ -16,6 +16,7 @@ from radixserve.entrypoints.openai_protocol import AbortRequest, ModelCard, Mode
 from radixserve.entrypoints.openai_serving import APIError, RequestGroup, parse_body
 from radixserve.managers.io_struct import GenerateReqInput
 from radixserve.entrypoints.openapi_docs import json_body
+from radixserve.lora.lora_registry import front_registry
 from radixserve.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -39,7 +40,11 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
     @app.get("/v1/models", openapi_extra={"responses": {"200": {"description": "the served model", "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/ModelList"}}}}}})
     async def models() -> Response:
-        return JSONResponse(ModelList(data=[card(n) for n in listed]).model_dump())
+        adapters = [] if state.tm is None else sorted(front_registry(state.tm).names)  # LoRA adapters
+        cards = [card(n) for n in listed] + [ModelCard(id=a, created=state.created, root=a, parent=name,
+                                                       max_model_len=state.handle.info["context_len"])
+                                             for a in adapters]
+        return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> Response:

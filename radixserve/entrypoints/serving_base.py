@@ -11,6 +11,8 @@ from typing import Any
 
 from radixserve.entrypoints.openai_protocol import PromptTokensDetails, UsageInfo
 from radixserve.entrypoints.openai_serving import OPENAI_RENAMES, APIError
+from radixserve.lora.lora_manager import LoRANotFound
+from radixserve.lora.lora_registry import front_registry
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.server_args import ServerArgs
@@ -68,12 +70,18 @@ class OpenAIServingBase:
         self.metrics = metrics
         self._token_text: dict[int, str] = {}
 
-    def check_model(self, model: str | None) -> None:
-        """An absent model means the served one; so do its aliases and 'default'. Anything else is a
-        404, as in OpenAI's API."""
-        if model and model not in self.model_names:
+    def check_model(self, model: str | None) -> str | None:
+        """An absent model means the served one; so do its aliases and 'default'. A LoRA adapter's name
+        (or base:adapter) selects it: returned, None for the base (lora/lora_registry.py). Anything else is
+        a 404, as in OpenAI's API."""
+        try:
+            known, adapter = front_registry(self.tm).resolve_model(model, self.model_names)
+        except LoRANotFound as e:
+            raise APIError(404, f"The model `{model}` does not exist: {e}", "model", "model_not_found") from None
+        if not known:
             message = f"The model `{model}` does not exist (this server serves `{self.model_name}`)."
             raise APIError(404, message, "model", "model_not_found")
+        return adapter
 
     @staticmethod
     def check_unsupported(req: Any, fields: dict[str, str]) -> None:

@@ -92,7 +92,7 @@ class _Tools:
 class OpenAIServingChat(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
-        self.check_model(req.model)
+        lora = self.check_model(req.model)  # a LoRA adapter's name selects it
         self.check_unsupported(req, UNSUPPORTED_CHAT)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
@@ -109,6 +109,7 @@ class OpenAIServingChat(OpenAIServingBase):
             sampling_params={**self.sampling_dict(req, max_new), **constraint, **reasoning.sampling(prompt)},
             return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,
             default_max_new_tokens=-1,  # the tokenizer's BOS rule; a template's own BOS is not doubled
+            lora_path=lora,
         ), {**OPENAI_RENAMES, **renames})
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)

@@ -38,7 +38,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 class OpenAIServingCompletion(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: CompletionRequest = await parse_body(request, CompletionRequest)
-        self.check_model(req.model)
+        lora = self.check_model(req.model)  # a LoRA adapter's name selects it
         self.check_unsupported(req, UNSUPPORTED_COMPLETIONS)
         if req.best_of is not None and req.best_of != (req.n or 1):
             raise APIError(400, "best_of is not supported (use n)", "best_of")
@@ -54,6 +54,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             text=text, input_ids=ids, sampling_params=params, rid=rid, return_logprob=want_logprobs,
             top_logprobs_num=top_k, return_prompt_logprob=want_logprobs and bool(req.echo), timeout=req.timeout,
             default_max_new_tokens=DEFAULT_MAX_TOKENS,  # OpenAI's, when max_tokens is absent
+            lora_path=lora,
         ), {**OPENAI_RENAMES, **renames})
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)

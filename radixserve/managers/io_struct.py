@@ -29,6 +29,7 @@ class GenerateReqInput:
     stream: bool = False
     priority: int = 0
     timeout: float | None = None  # seconds; None = the server's request_timeout
+    lora_path: str | None = None  # LoRA adapter name (SGLang's field name); None = the base model
     # max_new_tokens when sampling_params has none: None = SamplingParams' default (128), -1 = until
     # the context is full. Either way clamped to what the context leaves (an explicit value is not).
     default_max_new_tokens: int | None = None
@@ -49,6 +50,7 @@ class TokenizedGenerateReqInput:
     priority: int = 0
     timeout: float | None = None  # seconds from arrival at the scheduler; then aborted (HTTP 408)
     parent_rid: str | None = None  # the caller's rid when this is one of prompts x n sub-requests
+    lora_path: str | None = None  # the LoRA adapter (its name) this request runs with; None = base model
 
 
 @dataclass
@@ -78,6 +80,17 @@ class GetRadixTreeReq:
     rpc_id: int = 0
     max_nodes: int = 200
     max_depth: int = 32
+
+
+@dataclass
+class LoRAControlReq:
+    """Load / unload / count the users of a LoRA adapter (lora/lora_scheduling.py LoRAScheduling.control)."""
+
+    rpc_id: int = 0
+    op: str = "list"  # load | unload | users | list
+    name: str = ""
+    path: str | None = None
+    uid: int = 0  # users: the registration an unload returned
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from radixserve.mem_cache.cache_namespace import namespaced
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.speculative.spec_info import Draft
 
@@ -99,6 +100,14 @@ class Req:
     embed_acc: Any = None
     embedding: list[float] | None = None
 
+    # LoRA (lora/lora_scheduling.py): the adapter this request runs with (None = base), its registration
+    # uid (0 = base; also its radix cache namespace), whether it pins the weights (while admitted), and
+    # whether it has stopped counting as the adapter's user (done)
+    lora_name: str | None = None
+    lora_uid: int = 0
+    lora_pinned: bool = False
+    lora_released: bool = False
+
     # ------------------------------------------------------------------ state
     @property
     def seqlen(self) -> int:
@@ -115,7 +124,8 @@ class Req:
         # NOTE: capped at len - 1 so at least one token is computed and there are logits to sample.
         if not self.reuse_prefix:
             return []
-        return self.fill_ids[: len(self.fill_ids) - 1]
+        # LoRA: keys carry the adapter's namespace (mem_cache/cache_namespace.py)
+        return namespaced(self.fill_ids[: len(self.fill_ids) - 1], self.lora_uid)
 
     def reset_for_retract(self) -> None:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)

@@ -118,6 +118,8 @@ def check_tokenized(req: TokenizedGenerateReqInput, limits: RequestLimits) -> No
             f"max_new_tokens: the prompt's {len(ids)} tokens + max_new_tokens {max_new} exceed "
             f"{limits.limit_name()}; ask for at most {limits.max_req_len - len(ids)}"
         )
+    if req.lora_path is not None and not (isinstance(req.lora_path, str) and 0 < len(req.lora_path) <= 256):
+        raise ValueError("lora_path: must be the name of a loaded LoRA adapter (1-256 characters)")
     for name in ("return_logprob", "return_prompt_logprob", "stream"):
         if not isinstance(getattr(req, name), bool):
             raise ValueError(f"{name} must be a bool, got {getattr(req, name)!r}")
@@ -228,6 +230,7 @@ class RequestNormalizer:
                     priority=obj.priority,
                     timeout=timeout,
                     parent_rid=None if total == 1 else rid,
+                    lora_path=obj.lora_path,
                 )
                 if j == 0:  # the samples of one prompt differ only in their seed
                     check_tokenized(sub, self.limits)

@@ -259,6 +259,7 @@ class ScheduleBatch:
             spec_info=VerifyInput([w - 1 for w in widths], [r.spec_draft.probs for r in self.reqs]) if verify else None,
             vocab_mask=self.vocab_mask(),
             num_extend_reqs=self.num_extend_reqs if self.forward_mode.is_mixed() else None,
+            lora_uids=[r.lora_uid for r in self.reqs] if any(r.lora_uid for r in self.reqs) else None,
         )
 
     def vocab_mask(self) -> torch.Tensor | None:

@@ -54,7 +54,9 @@ class SchedulePolicy:
         window = req.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS]
         if len(window) < IN_BATCH_PREFIX_TOKENS:
             return False
-        return any(a.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS] == window for a in admitted)
+        # LoRA: a prefix computed under another adapter is never shared (mem_cache/cache_namespace.py)
+        return any(a.lora_uid == req.lora_uid and a.fill_ids[start : start + IN_BATCH_PREFIX_TOKENS] == window
+                   for a in admitted)
 
 
 class PrefillAdder:

@@ -21,6 +21,8 @@ from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
 from radixserve.managers.embedding_mode import EmbeddingMode
+from radixserve.lora.lora_manager import LoRANotFound
+from radixserve.lora.lora_scheduling import LoRAScheduling
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
@@ -82,6 +84,8 @@ class Scheduler:
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
         self.embedding = EmbeddingMode.create(server_args, runner)  # --is-embedding: pooled vectors, no tokens
+        # LoRA adapters: which requests may run together (lora/lora_scheduling.py)
+        self.lora = LoRAScheduling(runner.lora_manager, server_args.max_loras_per_batch)
 
     @property
     def failed_forward_streak(self) -> int:
@@ -103,6 +107,9 @@ class Scheduler:
         """Queue a request; a rejected one returns its error output right away."""
         try:
             self.validate(recv)
+            lora_name, lora_uid = self.lora.resolve(recv.lora_path)
+        except LoRANotFound as e:
+            return ReqOutput(recv.rid, [], {"type": "abort", "message": str(e)}, {}, error=str(e), error_status=404)
         except ValueError as e:
             return ReqOutput(recv.rid, [], {"type": "abort", "message": str(e)}, {}, error=str(e))
         req = Req(
@@ -117,6 +124,8 @@ class Scheduler:
             eos_token_ids=tuple(self.model_config.eos_token_ids),
             deadline=None if recv.timeout is None else self.now() + recv.timeout,
             reuse_prefix=self.embedding is None or self.embedding.reuse_prefix,
+            lora_name=lora_name,
+            lora_uid=lora_uid,
         )
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         # reasoning: the thinking gate takes the grammar slot (its own grammar joins it once compiled)
@@ -210,6 +219,7 @@ class Scheduler:
             self.spec_worker.release_stale(self.running_batch.reqs)
         if self.checker is not None:
             self.checker.check_memory()
+        self.lora.release_finished(self.output_processor.pending)  # every way a request ends passes here
         outputs = self.output_processor.flush()
         self.step_time_s += time.perf_counter() - t0
         return outputs
@@ -276,10 +286,16 @@ class Scheduler:
                 if self.policy.wait_for_in_batch_prefix(req, adder.can_run):
                     held_back = True
                     continue
+                if not self.lora.allows(req, running, adder.can_run):
+                    held_back = True  # its adapter would exceed --max-loras-per-batch: it waits, others run
+                    continue
                 if not adder.add_one_req(req):
                     break
             self.chunked_req = adder.new_chunked_req
         self.wait_reason = adder.stop_reason or ("in_batch_prefix" if held_back else None)
+        for req in self.lora.take_failed():  # its adapter's files no longer load: a 500, the queue goes on
+            self._drop_queued(req, FinishReason("abort", message="LoRA adapter unreadable"))
+        self.lora.unpin_waiting(self.waiting_queue, adder.can_run)  # only admitted requests hold a pin
         if not adder.can_run:
             return None
         admitted = {id(r) for r in adder.can_run}

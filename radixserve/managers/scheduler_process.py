@@ -47,6 +47,7 @@ from radixserve.managers.io_struct import (
     FlushCacheReq,
     GetRadixTreeReq,
     GetServerInfoReq,
+    LoRAControlReq,
     RpcOutput,
     ShutdownReq,
     TokenizedGenerateReqInput,
@@ -144,6 +145,10 @@ class SchedulerProcess:
         elif isinstance(msg, GetRadixTreeReq):
             tree = radix_tree_json(s.tree_cache, msg.max_nodes, msg.max_depth)
             self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
+        elif isinstance(msg, LoRAControlReq):
+            from radixserve.lora.lora_routes import answer_lora_control
+
+            self.send(answer_lora_control(s.lora, msg, self.dp_rank))
         elif isinstance(msg, ShutdownReq):
             self.running = False
 

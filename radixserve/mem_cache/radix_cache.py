@@ -25,6 +25,7 @@ import torch
 
 from radixserve.mem_cache.allocator import round_down_to_page
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache, CacheReq, MatchResult
+from radixserve.mem_cache.cache_namespace import namespaced
 
 if TYPE_CHECKING:
     from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
@@ -151,7 +152,7 @@ class RadixCache(BasePrefixCache):
 
     # ------------------------------------------------------------------ request hand-off
     def cache_finished_req(self, req: CacheReq, kv_len: int | None = None) -> None:
-        token_ids = req.origin_input_ids + req.output_ids
+        token_ids = namespaced(req.origin_input_ids + req.output_ids, getattr(req, "lora_uid", 0))
         if kv_len is None:
             kv_len = len(token_ids) - 1
         p = self.page_size
@@ -179,7 +180,7 @@ class RadixCache(BasePrefixCache):
         row = req.req_pool_idx
         slots = self.req_to_token_pool.req_to_token[row, :fill_len].clone()
         aligned = fill_len - fill_len % p
-        key = list(req.fill_ids[:aligned])
+        key = namespaced(list(req.fill_ids[:aligned]), getattr(req, "lora_uid", 0))
         # Same picture as cache_finished_req, except the tail stays with the request.
         new_prefix_len = self.insert(key, slots[:aligned])
         if new_prefix_len > owned_by_tree:

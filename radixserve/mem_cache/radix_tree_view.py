@@ -19,6 +19,7 @@ from collections import deque
 from typing import Any
 
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
+from radixserve.mem_cache.cache_namespace import token_of
 from radixserve.mem_cache.radix_cache import RadixCache, TreeNode
 
 PREVIEW_TOKENS = 24  # token ids of each edge sent for its text preview
@@ -63,7 +64,7 @@ def radix_tree_json(cache: BasePrefixCache, max_nodes: int, max_depth: int,
                 "last_access": child.last_access,
                 "num_children": len(child.children),
                 "children_cut": 0,
-                "preview_ids": list(child.key[:preview_tokens]),
+                "preview_ids": [token_of(t) for t in child.key[:preview_tokens]],  # without the LoRA namespace
             })
             queue.append((child, len(nodes), depth + 1, prefix_len + len(child.key)))
     summary["root_children"] = len(cache.root.children)

@@ -110,6 +110,9 @@ class ModelWorkerBatch:
     # one row per sampled position (a request; TARGET_VERIFY: each verified position), filled by the
     # scheduler from each request's grammar; None when no request is constrained.
     vocab_mask: torch.Tensor | None = None
+    # LoRA: per request, the adapter registration its rows use (0 = the base model); None when no request
+    # has one (lora/lora_manager.py: a uid, so an unload + reload of a name never mixes two adapters)
+    lora_uids: list[int] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -147,6 +150,7 @@ class ForwardBatch:
     spec_info: Any = None
     num_extend_reqs: int | None = None  # MIXED: see ModelWorkerBatch
     return_probs: bool = False
+    lora_uids: list[int] | None = None  # LoRA: see ModelWorkerBatch
     attn_backend: Any = None
     # The one documented late addition: the attention backend's per-step metadata, derived
     # once in init_forward_metadata() and shared by every layer.
@@ -218,6 +222,7 @@ class ForwardBatch:
             spec_info=batch.spec_info,
             num_extend_reqs=batch.num_extend_reqs,
             return_probs=batch.return_probs,
+            lora_uids=batch.lora_uids,
             attn_backend=model_runner.attn_backend,
         )
         model_runner.attn_backend.init_forward_metadata(fb)

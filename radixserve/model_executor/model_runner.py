@@ -48,6 +48,8 @@ from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
+from radixserve.lora.lora_batch import lora_batch_mode
+from radixserve.lora.runner_setup import lora_batch_for, make_lora_manager
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
@@ -127,6 +129,7 @@ class ModelRunner:
         self.attn_backend = self._make_attn_backend()
         self.quant_ops = self._quant_ops()
         self.cpu_graph_runner = CpuGraphRunner.maybe_create(self)
+        self.lora_manager = make_lora_manager(self)  # None unless --enable-lora / --lora-paths
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler(self.sampler)
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
@@ -306,8 +309,11 @@ class ModelRunner:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
-        with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops, self.quant_max_rows):
-            if self.cpu_graph_runner is not None and self.cpu_graph_runner.can_run(forward_batch):
+        lora = lora_batch_for(self, forward_batch)  # None unless some row uses an adapter
+        with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops, self.quant_max_rows), \
+                lora_batch_mode(lora):
+            # a step with adapter rows runs layer by layer: the native decode stack has no LoRA deltas
+            if self.cpu_graph_runner is not None and lora is None and self.cpu_graph_runner.can_run(forward_batch):
                 return self.cpu_graph_runner.replay(forward_batch)
             return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch, pp_proxy)
 
