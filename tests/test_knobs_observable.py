@@ -73,12 +73,19 @@ SERVER_EVIDENCE: dict[str, str] = {
     "max_loras_per_batch": "tests/lora/test_lora_oracle.py",
     "lora_dir": "tests/lora/test_lora_http.py",
     "tool_call_parser": "tests/test_server_args.py",
+    # reasoning (docs/reasoning.md) and embeddings (docs/embeddings.md)
+    "reasoning_parser": "tests/entrypoints/test_http_reasoning.py",
+    "thinking_budget": "tests/entrypoints/test_http_reasoning.py",
+    "is_embedding": "tests/managers/test_embedding_scheduler.py",
+    "pooling": "tests/managers/test_embedding_scheduler.py",
     "num_threads": "tests/distributed/test_tensor_parallel.py",
     "log_level": "tests/test_server_args.py",  # validated; applied by each process's logging set-up
     "show_progress": "tests/entrypoints/test_engine.py",
         }
 
 SAMPLING_EVIDENCE: dict[str, str] = {
+    "reasoning_start": "tests/parser/test_thinking_gate.py",  # set by the chat route from the template
+    "thinking_budget": "tests/parser/test_thinking_gate.py",
     "skip_special_tokens": "tests/managers/test_detokenizer.py",
     "spaces_between_special_tokens": "tests/entrypoints/test_http_errors.py",  # only true: false is refused
     "no_stop_trim": "tests/managers/test_detokenizer.py",

@@ -29,6 +29,7 @@ import torch
 from radixserve.bench.common import machine_info, print_kv, print_table, write_json
 from radixserve.bench.datasets import WordSource, load_tokenizer
 from radixserve.bench.server_process import local_radixserve
+from radixserve.model_loader import default_model_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,7 +117,6 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
     if args.max_tokens < args.min_tokens:
         raise SystemExit("--max-tokens: must be >= --min-tokens")
-    from radixserve.model_loader import default_model_path
 
     path = args.model_path or default_model_path()
     tokenizer = load_tokenizer(path)

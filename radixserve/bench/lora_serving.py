@@ -23,7 +23,15 @@ from typing import Any
 
 import torch
 
+from radixserve.bench import serving
 from radixserve.bench.common import print_kv, write_json
+from radixserve.bench.server_process import local_radixserve
+from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights
+from radixserve.lora.lora_batch import LoRABatch, torch_lora_apply
+from radixserve.lora.lora_config import LoRAConfig
+from radixserve.lora.lora_dense import DenseCache
+from radixserve.model_loader import get_model_config
+from radixserve.model_loader.default_model import default_model_path
 
 _TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -40,7 +48,6 @@ def write_random_adapters(model_path: str, out_dir: str, num: int, rank: int, se
     """`num` PEFT adapters (adapter_config.json + adapter_model.safetensors) of `model_path`: name -> folder."""
     from safetensors.torch import save_file
 
-    from radixserve.model_loader import get_model_config
 
     cfg = get_model_config(model_path)
     shapes = _module_shapes(cfg)
@@ -68,11 +75,6 @@ def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats
     """ms for one decode step's LoRA deltas: `rows` rows (one per request) round-robin over `num` adapters,
     every projection of every layer in our stacked layout, through the path the server takes (LoRABatch:
     dense for few rows, segmented otherwise)."""
-    from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights
-    from radixserve.lora.lora_batch import LoRABatch, torch_lora_apply
-    from radixserve.lora.lora_config import LoRAConfig
-    from radixserve.lora.lora_dense import DenseCache
-    from radixserve.model_loader import get_model_config
 
     cfg = get_model_config(model_path)
     s = _module_shapes(cfg)
@@ -122,9 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from radixserve.bench import serving
-    from radixserve.bench.server_process import local_radixserve
-    from radixserve.model_loader.default_model import default_model_path
 
     args = build_parser().parse_args(argv)
     if args.quick:

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from radixserve.layers.linear import PackableLinear, RowParallelLinear
-from radixserve.lora.lora_config import SUPPORTED_TARGETS, LoRAConfig
+from radixserve.lora.gguf_adapter import gguf_lora_config, read_gguf_pairs
+from radixserve.lora.lora_config import SUPPORTED_TARGETS, LoRAConfig, check_adapter_name
 
 ADAPTER_FILE = "adapter_model.safetensors"
 _PREFIXES = ("base_model.model.",)  # what PEFT puts before the base model's own module path
@@ -90,7 +91,6 @@ def load_adapter(config: LoRAConfig, model: nn.Module, uid: int, dtype: torch.dt
                  device: torch.device, ps: Any = None) -> LoRAAdapter:
     """Read and check an adapter against `model`; every error names the adapter (and the tensor)."""
     if config.format == "gguf":
-        from radixserve.lora.gguf_adapter import read_gguf_pairs
 
         cfg = model.config  # the q/k rows of llama-family files are permuted per head (gguf_adapter.py)
         pairs = read_gguf_pairs(config, cfg.num_attention_heads, cfg.num_key_value_heads)
@@ -178,3 +178,11 @@ def _stack(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], module: Packabl
     A = torch.cat([a for _, a, _ in pieces], dim=0)  # [sum of ranks, in]
     return LoRAWeights(A.to(device=device, dtype=dtype).contiguous(), B.to(device=device, dtype=dtype).contiguous(),
                        reduce)
+
+
+def read_lora_config(name: str, path: str, max_rank: int) -> LoRAConfig:
+    """A PEFT folder, or a llama.cpp GGUF adapter file (*.gguf)."""
+    check_adapter_name(name)
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return gguf_lora_config(name, path, max_rank)
+    return LoRAConfig.from_folder(name, path, max_rank)

@@ -61,16 +61,6 @@ class LoRAConfig:
         return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
 
     @classmethod
-    def from_path(cls, name: str, path: str, max_rank: int) -> LoRAConfig:
-        """A PEFT folder, or a llama.cpp GGUF adapter file (*.gguf)."""
-        check_adapter_name(name)
-        if os.path.isfile(path) and path.endswith(".gguf"):
-            from radixserve.lora.gguf_adapter import gguf_lora_config
-
-            return gguf_lora_config(name, path, max_rank)
-        return cls.from_folder(name, path, max_rank)
-
-    @classmethod
     def from_folder(cls, name: str, path: str, max_rank: int) -> LoRAConfig:
         check_adapter_name(name)
         where = f"LoRA adapter {name!r} ({path})"

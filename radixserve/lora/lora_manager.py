@@ -27,7 +27,7 @@ from torch import nn
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
 
-from radixserve.lora.lora_adapter import LoRAAdapter, load_adapter
+from radixserve.lora.lora_adapter import LoRAAdapter, load_adapter, read_lora_config
 from radixserve.lora.lora_batch import LoRABatch, install_lora_hooks, torch_lora_apply
 from radixserve.lora.lora_config import LoRAConfig, check_adapter_name
 from radixserve.lora.lora_dense import DenseCache
@@ -99,7 +99,7 @@ class LoRAManager:
         check_adapter_name(name)
         if name in self.by_name:
             raise ValueError(f"LoRA adapter {name!r} is already loaded (unload it first)")
-        config = LoRAConfig.from_path(name, path, self.max_rank)
+        config = read_lora_config(name, path, self.max_rank)
         uid = next(self._uids)
         adapter = load_adapter(config, self.model, uid, self.dtype, self.device, self.ps)
         self.regs[uid] = _Registration(config, uid)

@@ -125,6 +125,11 @@ class ReqOutput:
     error_status: int = 400  # its HTTP status: 400 bad input, 408 timed out, 500 failed while running
     embedding: list[float] | None = None  # embedding server: the pooled, normalised vector (with the final output)
 
+    @classmethod
+    def rejected(cls, rid: str, message: str, status: int = 400) -> ReqOutput:
+        """A request refused before it was queued."""
+        return cls(rid, [], {"type": "abort", "message": message}, {}, error=message, error_status=status)
+
 
 @dataclass
 class BatchReqOutput:

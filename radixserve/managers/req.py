@@ -108,7 +108,26 @@ class Req:
     lora_pinned: bool = False
     lora_released: bool = False
 
+    @classmethod
+    def from_input(cls, recv: Any, eos_token_ids: tuple[int, ...], deadline: float | None, reuse_prefix: bool,
+                   lora_name: str | None, lora_uid: int) -> Req:
+        """A request as the scheduler admits it, from its TokenizedGenerateReqInput."""
+        return cls(rid=recv.rid, origin_input_ids=list(recv.input_ids), sampling_params=recv.sampling_params,
+                   return_logprob=recv.return_logprob, top_logprobs_num=recv.top_logprobs_num,
+                   return_prompt_logprob=recv.return_prompt_logprob, stream=recv.stream, priority=recv.priority,
+                   eos_token_ids=eos_token_ids, deadline=deadline, reuse_prefix=reuse_prefix,
+                   lora_name=lora_name, lora_uid=lora_uid)
+
     # ------------------------------------------------------------------ state
+    def past_deadline(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline and not self.finished() and not self.to_abort
+
+    def time_out(self) -> None:
+        """Marked for abort with a 408; the scheduler returns its KV like any abort's."""
+        timeout = self.deadline - self.created_time if self.deadline is not None else 0.0
+        self.error = (408, f"timeout: the request did not finish within {timeout:.4g} s and was aborted")
+        self.to_abort = FinishReason("abort", message="timeout")
+
     @property
     def seqlen(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)

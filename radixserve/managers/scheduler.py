@@ -12,17 +12,17 @@ One step (`step()`), the same whether driven by the ZMQ loop (scheduler_process.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from radixserve.constrained.grammar_queue import GrammarQueue
+from radixserve.debug.fault_inject import fault_marker_from_env, raise_injected_fault
 from radixserve.debug.invariants import InvariantChecker
 from radixserve.debug.step_log import StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
-from radixserve.managers.embedding_mode import EmbeddingMode
 from radixserve.lora.lora_manager import LoRANotFound
 from radixserve.lora.lora_scheduling import LoRAScheduling
+from radixserve.managers.embedding_mode import EmbeddingMode
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
@@ -40,10 +40,6 @@ from radixserve.server_args import ServerArgs
 from radixserve.speculative.spec_worker import SpecWorker
 
 logger = logging.getLogger(__name__)
-
-# Test hook: a batch holding a request whose rid contains this string raises inside run_batch, as
-# a model bug triggered by one request would (tests/entrypoints/test_http_faults.py uses it).
-FAULT_INJECT_ENV = "RADIXSERVE_FAULT_INJECT"
 
 
 class Scheduler:
@@ -75,7 +71,7 @@ class Scheduler:
                       "num_failed_reqs": 0, "num_timed_out_reqs": 0}
         self.limits = RequestLimits.build(server_args, self.model_config.context_len, self.model_config.vocab_size,
                                           self.allocator.total_size)
-        self.fault_marker = os.environ.get(FAULT_INJECT_ENV) or None
+        self.fault_marker = fault_marker_from_env()  # debug/fault_inject.py: a test hook
         self.isolation = FailureIsolation(self)  # a failing step fails only the request it is pinned on
         # tensor / pipeline parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
         # requests out at the same step (None = this process's own clock)
@@ -84,8 +80,7 @@ class Scheduler:
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
         self.embedding = EmbeddingMode.create(server_args, runner)  # --is-embedding: pooled vectors, no tokens
-        # LoRA adapters: which requests may run together (lora/lora_scheduling.py)
-        self.lora = LoRAScheduling(runner.lora_manager, server_args.max_loras_per_batch)
+        self.lora = LoRAScheduling(runner.lora_manager, server_args.max_loras_per_batch)  # lora/lora_scheduling.py
 
     @property
     def failed_forward_streak(self) -> int:
@@ -108,25 +103,11 @@ class Scheduler:
         try:
             self.validate(recv)
             lora_name, lora_uid = self.lora.resolve(recv.lora_path)
-        except LoRANotFound as e:
-            return ReqOutput(recv.rid, [], {"type": "abort", "message": str(e)}, {}, error=str(e), error_status=404)
-        except ValueError as e:
-            return ReqOutput(recv.rid, [], {"type": "abort", "message": str(e)}, {}, error=str(e))
-        req = Req(
-            rid=recv.rid,
-            origin_input_ids=list(recv.input_ids),
-            sampling_params=recv.sampling_params,
-            return_logprob=recv.return_logprob,
-            top_logprobs_num=recv.top_logprobs_num,
-            return_prompt_logprob=recv.return_prompt_logprob,
-            stream=recv.stream,
-            priority=recv.priority,
-            eos_token_ids=tuple(self.model_config.eos_token_ids),
-            deadline=None if recv.timeout is None else self.now() + recv.timeout,
-            reuse_prefix=self.embedding is None or self.embedding.reuse_prefix,
-            lora_name=lora_name,
-            lora_uid=lora_uid,
-        )
+        except (ValueError, LoRANotFound) as e:  # an unknown adapter is a 404
+            return ReqOutput.rejected(recv.rid, str(e), 404 if isinstance(e, LoRANotFound) else 400)
+        req = Req.from_input(recv, tuple(self.model_config.eos_token_ids),
+                             None if recv.timeout is None else self.now() + recv.timeout,
+                             self.embedding is None or self.embedding.reuse_prefix, lora_name, lora_uid)
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         # reasoning: the thinking gate takes the grammar slot (its own grammar joins it once compiled)
         req.thinking = req.grammar = gate_for(req.sampling_params, self.tokenizer, self.model_config.vocab_size)
@@ -159,22 +140,16 @@ class Scheduler:
     def _expire(self) -> None:
         """Requests past their deadline: aborted with a 408, their KV returned like any abort."""
         now = self.now()
-
-        def late(r: Req) -> bool:
-            return r.deadline is not None and now > r.deadline and not r.finished() and not r.to_abort
-
-        for req in [r for r in self.grammar_queue.reqs + self.waiting_queue if late(r)]:
+        for req in [r for r in self.grammar_queue.reqs + self.waiting_queue if r.past_deadline(now)]:
             self._timed_out(req)
             self._drop_queued(req, req.to_abort)
         for req in self.running_batch.reqs + ([self.chunked_req] if self.chunked_req else []):
-            if late(req):
+            if req.past_deadline(now):
                 self._timed_out(req)
 
     def _timed_out(self, req: Req) -> None:
         self.stats["num_timed_out_reqs"] += 1
-        timeout = req.deadline - req.created_time if req.deadline is not None else 0.0
-        req.error = (408, f"timeout: the request did not finish within {timeout:.4g} s and was aborted")
-        req.to_abort = FinishReason("abort", message="timeout")
+        req.time_out()
 
     def _reap_aborted(self) -> None:
         self._expire()
@@ -326,10 +301,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ run
     def run_batch(self, batch: ScheduleBatch):
-        if self.fault_marker is not None:
-            hit = next((r.rid for r in batch.reqs if self.fault_marker in r.rid), None)
-            if hit is not None:
-                raise RuntimeError(f"injected fault ({FAULT_INJECT_ENV}) in a batch holding {hit}")
+        raise_injected_fault(self.fault_marker, (r.rid for r in batch.reqs))
         mwb = batch.get_model_worker_batch()
         if self.checker is not None:
             self.checker.check_same_step_on_every_rank(mwb)

@@ -41,6 +41,7 @@ from typing import Any
 import zmq
 
 from radixserve.distributed.rank_layout import RankLayout
+from radixserve.lora.lora_routes import answer_lora_control
 from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
@@ -146,7 +147,6 @@ class SchedulerProcess:
             tree = radix_tree_json(s.tree_cache, msg.max_nodes, msg.max_depth)
             self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, LoRAControlReq):
-            from radixserve.lora.lora_routes import answer_lora_control
 
             self.send(answer_lora_control(s.lora, msg, self.dp_rank))
         elif isinstance(msg, ShutdownReq):

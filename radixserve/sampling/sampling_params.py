@@ -25,6 +25,7 @@ from radixserve.constrained.grammar_spec import (
     GrammarSpec,
     normalise_constraint,
 )
+from radixserve.parser.thinking_gate import REASONING_STARTS
 
 # Below this a temperature is treated as 0: dividing logits by ~1e-7 only amplifies float
 # noise, and argmax is what such a request asks for anyway.
@@ -231,7 +232,6 @@ class SamplingParams:
 
     def _verify_reasoning(self) -> None:
         # the budget's bound (the context length) is checked with the server's limits (check_params)
-        from radixserve.parser.thinking_gate import REASONING_STARTS
 
         if self.reasoning_start is not None and self.reasoning_start not in REASONING_STARTS:
             raise ValueError(f"reasoning_start must be one of {REASONING_STARTS}, got {self.reasoning_start!r}")

@@ -41,15 +41,14 @@ def test_low_bit_base_with_float_delta_on_top(fast_runner, smol_adapter):
     """A Q4_1 projection in the low-bit mode plus an adapter row group: exactly the kernel's output plus
     (x A^T) B^T on the adapter's rows; the other rows, and a step with no LoRABatch, are the kernel's own."""
     from radixserve.layers.linear import quant_rows_mode
-    from radixserve.lora.lora_adapter import load_adapter
+    from radixserve.lora.lora_adapter import load_adapter, read_lora_config
     from radixserve.lora.lora_batch import LoRABatch, install_lora_hooks, lora_batch_mode, torch_lora_apply
-    from radixserve.lora.lora_config import LoRAConfig
 
     model = fast_runner.model
     name, proj = next((n, m) for n, m in model.named_modules() if n.endswith("layers.0.self_attn.qkv_proj"))
     assert proj.qweight is not None and fast_runner.quant_ops is not None  # the file's low-bit blocks
     install_lora_hooks(model)
-    cfg = LoRAConfig.from_path("s", smol_adapter, 64)
+    cfg = read_lora_config("s", smol_adapter, 64)
     adapter = load_adapter(cfg, model, 1, torch.float32, torch.device("cpu"))
     torch.manual_seed(0)
     x = torch.randn(5, proj.weight_dims()[1])
