@@ -14,8 +14,12 @@ import torch
 from radixserve.exceptions import InvariantError
 
 if TYPE_CHECKING:
-    from radixserve.managers.scheduler import Scheduler
+    from radixserve.managers.req import Req
+    from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+    from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
+    from radixserve.mem_cache.memory_pool import ReqToTokenPool
     from radixserve.model_executor.forward_batch_info import ForwardBatch
+    from radixserve.speculative.spec_worker import SpecWorker
 
 
 def check_forward_batch(fb: ForwardBatch) -> None:
@@ -42,8 +46,15 @@ def check_forward_batch(fb: ForwardBatch) -> None:
 
 
 class InvariantChecker:
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.s = scheduler
+    """Checks the KV accounting of the pools and the tree it was given; the scheduler hands it the live
+    requests (running + chunked) at each check."""
+
+    def __init__(self, allocator: TokenToKVPoolAllocator, tree_cache: BasePrefixCache,
+                 req_to_token_pool: ReqToTokenPool, parallel_state: Any) -> None:
+        self.allocator = allocator
+        self.tree_cache = tree_cache
+        self.req_to_token_pool = req_to_token_pool
+        self.parallel_state = parallel_state
 
     def check_forward_batch(self, fb: ForwardBatch) -> None:
         check_forward_batch(fb)
@@ -51,7 +62,7 @@ class InvariantChecker:
     def check_same_step_on_every_rank(self, mwb: Any) -> None:
         """Tensor / pipeline parallel: every rank's scheduler must have picked the same step (same requests,
         tokens, positions and KV slots). A digest of it is compared with rank 0's."""
-        ps = self.s.model_runner.parallel_state
+        ps = self.parallel_state
         if ps.world_size == 1:
             return
         h = hashlib.sha1(repr((int(mwb.forward_mode), mwb.input_ids, mwb.req_pool_indices, mwb.seq_lens,
@@ -61,14 +72,12 @@ class InvariantChecker:
             raise InvariantError(f"{ps.layout.describe(ps.rank)} scheduled a different step than rank 0 "
                                  f"(digest {h[:12]} vs {ref[:12]}): the schedulers diverged")
 
-    def owners(self) -> dict[str, set[int]]:
+    def owners(self, live: list[Req]) -> dict[str, set[int]]:
         """Slots by owner: the free list, the tree, and each live request outside the tree."""
-        s = self.s
-        ps = s.allocator.page_size
-        tree = set(s.tree_cache.all_slots().tolist())
-        out = {"free": s.allocator.free_slot_set(), "tree": tree}
-        live = list(s.running_batch.reqs) + ([s.chunked_req] if s.chunked_req else [])
-        rtt = s.req_to_token_pool.req_to_token
+        ps = self.allocator.page_size
+        tree = set(self.tree_cache.all_slots().tolist())
+        out = {"free": self.allocator.free_slot_set(), "tree": tree}
+        rtt = self.req_to_token_pool.req_to_token
         for req in live:
             if req.req_pool_idx is None:
                 continue
@@ -78,9 +87,9 @@ class InvariantChecker:
             out[f"req:{req.rid}"] = {p * ps + i for p in pages for i in range(ps)}
         return out
 
-    def check_memory(self) -> None:
-        s = self.s
-        owners = self.owners()
+    def check_memory(self, live: list[Req], spec_worker: SpecWorker | None = None) -> None:
+        """live: the running requests and the chunked one, every request that may hold KV outside the tree."""
+        owners = self.owners(live)
         total = 0
         seen: set[int] = set()
         for name, slots in owners.items():
@@ -89,16 +98,15 @@ class InvariantChecker:
                 raise InvariantError(f"slot(s) {sorted(dup)[:5]} have two owners (one is {name})")
             seen |= slots
             total += len(slots)
-        if total != s.allocator.total_size:
+        if total != self.allocator.total_size:
             raise InvariantError(
                 f"KV accounting: free {len(owners['free'])} + tree {len(owners['tree'])} + requests "
-                f"{total - len(owners['free']) - len(owners['tree'])} = {total} != total {s.allocator.total_size}"
+                f"{total - len(owners['free']) - len(owners['tree'])} = {total} != total {self.allocator.total_size}"
             )
-        live_rows = {r.req_pool_idx for r in s.running_batch.reqs if r.req_pool_idx is not None}
-        if s.chunked_req is not None and s.chunked_req.req_pool_idx is not None:
-            live_rows.add(s.chunked_req.req_pool_idx)
-        free_rows = set(s.req_to_token_pool.free_slots)
-        if live_rows & free_rows or len(live_rows) + len(free_rows) != s.req_to_token_pool.size:
-            raise InvariantError(f"req_to_token rows: {len(live_rows)} live + {len(free_rows)} free != {s.req_to_token_pool.size}")
-        if s.spec_worker is not None:  # a draft model's own pool: every slot free or held by a running request
-            s.spec_worker.check_memory(s.running_batch.reqs)
+        pool = self.req_to_token_pool
+        live_rows = {r.req_pool_idx for r in live if r.req_pool_idx is not None}
+        free_rows = set(pool.free_slots)
+        if live_rows & free_rows or len(live_rows) + len(free_rows) != pool.size:
+            raise InvariantError(f"req_to_token rows: {len(live_rows)} live + {len(free_rows)} free != {pool.size}")
+        if spec_worker is not None:  # a draft model's own pool: every slot free or held by a running request
+            spec_worker.check_memory(live)

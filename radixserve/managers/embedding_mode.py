@@ -14,6 +14,7 @@ token's hidden state, which the cache does not keep, so its requests never match
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from radixserve.layers.pooler import accumulate, finalize
@@ -22,9 +23,10 @@ from radixserve.managers.req import FinishReason
 from radixserve.model_executor.embedding_forward import EmbeddingBatchResult, forward_embedding
 
 if TYPE_CHECKING:
+    from radixserve.managers.failure_isolation import FailureIsolation
     from radixserve.managers.req import Req
     from radixserve.managers.schedule_batch import ScheduleBatch
-    from radixserve.managers.scheduler import Scheduler
+    from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
     from radixserve.model_executor.forward_batch_info import ModelWorkerBatch
     from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.server_args import ServerArgs
@@ -43,26 +45,29 @@ class EmbeddingMode:
     def forward(self, mwb: ModelWorkerBatch) -> EmbeddingBatchResult:
         return forward_embedding(self.runner, mwb, self.pooling)
 
-    def process_batch_result(self, sched: Scheduler, batch: ScheduleBatch, result: EmbeddingBatchResult) -> None:
+    def process_batch_result(self, batch: ScheduleBatch, result: EmbeddingBatchResult, tree_cache: BasePrefixCache,
+                             isolation: FailureIsolation, finish: Callable[[Req, FinishReason], None]) -> None:
+        """After a step: each request's pooled part; `finish` (the scheduler's) for the ones it completed.
+        Nothing joins the running batch: every request is done or waits for its next chunk."""
         for i, req in enumerate(batch.reqs):
             try:
-                self._process_one(sched, req, batch.seq_lens[i], result.pooled[i])
+                if self._pool_one(req, batch.seq_lens[i], result.pooled[i], tree_cache):
+                    finish(req, FinishReason("length", matched=None))
             except Exception as e:  # one request's bad output must not stop the others
                 if is_fatal(e):
                     raise
                 if not req.finished():
-                    sched.isolation.fail(req, batch.seq_lens[i], e, "while pooling its embedding")
-        # nothing joins the running batch: every request is done or waits for its next chunk
-        sched.running_batch.filter_batch()
+                    isolation.fail(req, batch.seq_lens[i], e, "while pooling its embedding")
 
-    def _process_one(self, sched: Scheduler, req: Req, seq_len: int, part) -> None:
+    def _pool_one(self, req: Req, seq_len: int, part, tree_cache: BasePrefixCache) -> bool:
+        """True when this step completed the request's vector."""
         req.kv_len = seq_len
         if req.finished():
-            return  # aborted while this step ran
+            return False  # aborted while this step ran
         req.embed_acc = accumulate(req.embed_acc, part, self.pooling)
         if req.is_chunked:
-            sched.tree_cache.cache_unfinished_req(req)
-            return
+            tree_cache.cache_unfinished_req(req)
+            return False
         req.embedding = finalize(req.embed_acc, len(req.origin_input_ids), self.pooling)
         req.embed_acc = None
-        sched._finish(req, FinishReason("length", matched=None))
+        return True

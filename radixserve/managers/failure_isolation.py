@@ -10,7 +10,8 @@ the process itself (is_fatal) stop the server instead.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed
 
@@ -18,9 +19,10 @@ from radixserve.exceptions import FatalSchedulerError, InvariantError
 from radixserve.managers.req import FinishReason
 
 if TYPE_CHECKING:
+    from radixserve.managers.output_processor import OutputProcessor
     from radixserve.managers.req import Req
     from radixserve.managers.schedule_batch import ScheduleBatch
-    from radixserve.managers.scheduler import Scheduler
+    from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +42,20 @@ def is_fatal(e: BaseException) -> bool:
 
 
 class FailureIsolation:
-    def __init__(self, sched: Scheduler) -> None:
-        self.s = sched
+    """Owns the failure streak; the scheduler hands it the step's two halves (forward, then processing the
+    result) per call, and at construction only what a pinned failure touches: the tree, the outputs, the
+    failure count."""
+
+    def __init__(self, tree_cache: BasePrefixCache, output_processor: OutputProcessor, stats: dict[str, int]) -> None:
+        self.tree_cache = tree_cache
+        self.output_processor = output_processor
+        self.stats = stats  # the scheduler's counters (num_failed_reqs)
         self.streak = 0  # forwards in a row that raised (reset by any success)
 
-    def run(self, batch: ScheduleBatch) -> None:
+    def run(self, batch: ScheduleBatch, forward: Callable[[ScheduleBatch], Any],
+            process: Callable[[ScheduleBatch, Any], None]) -> None:
         try:
-            result = self.s.run_batch(batch)
+            result = forward(batch)
         except Exception as e:
             if is_fatal(e):
                 raise FatalSchedulerError(f"the model failed: {type(e).__name__}: {e}") from e
@@ -59,21 +68,19 @@ class FailureIsolation:
             logger.warning("a batch of %d failed (%s: %s); bisecting to find the request",
                            batch.batch_size(), type(e).__name__, e)
             for half in batch.split():
-                self.run(half)
+                self.run(half, forward, process)
             return
         self.streak = 0
-        self.s.process_batch_result(batch, result)
+        process(batch, result)
 
     def fail(self, req: Req, alloc_len: int, e: BaseException, where: str) -> None:
-        """A request a failure was pinned on: a 500, its KV dropped (not cached); everything else goes on."""
-        s = self.s
+        """A request a failure was pinned on: a 500, its KV dropped (not cached); everything else goes on
+        (a chunked request the failure was pinned on is dropped by the scheduler: it is finished)."""
         logger.error("request %s failed %s: %s: %s", req.rid, where, type(e).__name__, e, exc_info=e)
-        s.stats["num_failed_reqs"] += 1
+        self.stats["num_failed_reqs"] += 1
         if req.req_pool_idx is not None:
-            s.tree_cache.release_req(req, alloc_len)
+            self.tree_cache.release_req(req, alloc_len)
             req.req_pool_idx = None
         req.error = (500, f"internal error {where}: {type(e).__name__}: {e}")
         req.finished_reason = FinishReason("abort", message="internal error")
-        if s.chunked_req is req:
-            s.chunked_req = None
-        s.output_processor.pending.append(req)
+        self.output_processor.pending.append(req)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.managers.io_struct import ReqOutput
 from radixserve.managers.req import FinishReason, Req
 
@@ -20,6 +21,24 @@ class OutputProcessor:
         self.model_config = model_config
         self.stream_interval = max(1, stream_interval)
         self.pending: list[Req] = []  # requests with something to send this step
+        self.generated_tokens = 0  # every token append_token took (get_server_info's generation_tokens)
+
+    def append_token(self, req: Req, token: int, sample: Any, row: int) -> FinishReason | None:
+        """The one path a sampled token takes into a request (a DECODE / PREFILL step's row, or each verified
+        token of a TARGET_VERIFY step): appended with its logprobs (`row` of `sample`), then the stop checks
+        and the grammar's move; the reason it finished, or None."""
+        req.output_ids.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        self.generated_tokens += 1
+        if sample.next_token_logprobs is not None and req.return_logprob:
+            req.output_token_logprobs.append(sample.next_token_logprobs[row])
+            if req.top_logprobs_num and sample.top_logprobs is not None:
+                req.output_top_logprobs.append(sample.top_logprobs[row])
+        reason = self.check_finished(req, self.model_config.context_len)
+        if req.grammar is not None:
+            reason = GrammarQueue.advance(req, token, reason)
+        return reason
 
     def check_finished(self, req: Req, context_len: int) -> FinishReason | None:
         params = req.sampling_params

@@ -62,17 +62,19 @@ class Scheduler:
         self.chunk_size = server_args.effective_chunk_size
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config, server_args.stream_interval)
         self.tracer = BatchTracer(server_args.trace_batches) if server_args.trace_batches and rank == 0 else None
-        self.checker = InvariantChecker(self) if server_args.check_invariants else None
+        self.checker = (InvariantChecker(self.allocator, self.tree_cache, self.req_to_token_pool, runner.parallel_state)
+                        if server_args.check_invariants else None)
         self.step_log = StepLog()  # the last steps' records (the web dashboard's pipeline view)
         self.wait_reason: str | None = None  # why the waiting requests were not admitted (PrefillAdder)
         self.forward_ct = 0
         self.step_time_s = 0.0  # wall time inside step(), cumulative (see get_server_info's time_split)
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "num_retractions": 0,
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "num_retractions": 0,
                       "num_failed_reqs": 0, "num_timed_out_reqs": 0}
         self.limits = RequestLimits.build(server_args, self.model_config.context_len, self.model_config.vocab_size,
                                           self.allocator.total_size)
         self.fault_marker = fault_marker_from_env()  # debug/fault_inject.py: a test hook
-        self.isolation = FailureIsolation(self)  # a failing step fails only the request it is pinned on
+        # a failing step fails only the request it is pinned on
+        self.isolation = FailureIsolation(self.tree_cache, self.output_processor, self.stats)
         # tensor / pipeline parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
         # requests out at the same step (None = this process's own clock)
         self.clock_override: float | None = None
@@ -188,12 +190,15 @@ class Scheduler:
         batch = self.get_next_batch_to_run()
         if batch is not None:
             self.step_log.schedule_s = time.perf_counter() - t0
-            self.isolation.run(batch)
+            self.isolation.run(batch, self.run_batch, self.process_batch_result)
+            if self.chunked_req is not None and self.chunked_req.finished():  # a failure was pinned on it
+                self.chunked_req = None
             self.running_batch.filter_batch()
         if self.spec_worker is not None:  # what a draft model holds for requests that left goes with them
             self.spec_worker.release_stale(self.running_batch.reqs)
         if self.checker is not None:
-            self.checker.check_memory()
+            live = self.running_batch.reqs + ([self.chunked_req] if self.chunked_req is not None else [])
+            self.checker.check_memory(live, self.spec_worker)
         self.lora.release_finished(self.output_processor.pending)  # every way a request ends passes here
         outputs = self.output_processor.flush()
         self.step_time_s += time.perf_counter() - t0
@@ -211,7 +216,7 @@ class Scheduler:
             return None
         if not self._ensure_decode_slots():
             return None
-        if self.spec_worker is None or not self.spec_worker.prepare_verify(self):
+        if self.spec_worker is None or not self.spec_worker.prepare_verify(self.running_batch, self.allocator, self.tree_cache):
             self.running_batch.prepare_for_decode()
         return self.running_batch
 
@@ -317,7 +322,7 @@ class Scheduler:
 
     def process_batch_result(self, batch: ScheduleBatch, result) -> None:
         if self.embedding is not None:
-            return self.embedding.process_batch_result(self, batch, result)
+            return self.embedding.process_batch_result(batch, result, self.tree_cache, self.isolation, self._finish)
         sample = result.sample_output
         # the requests whose prompt (or a chunk of it) this step computed; MIXED also carries decodes
         prefilled = None
@@ -330,7 +335,10 @@ class Scheduler:
         for i, req in enumerate(batch.reqs):
             try:
                 if verify:
-                    self.spec_worker.process_verify_one(self, batch, i, req, sample, next_ids)
+                    aborted = req.finished()  # while this step ran: its slots went with it, nothing to append
+                    reason = self.spec_worker.process_verify_one(batch, i, req, sample, next_ids, self.output_processor)
+                    if not aborted:
+                        self._finish_or_stream(req, reason)
                 else:
                     self._process_one(batch, i, req, next_ids[i], sample, in_logprobs, prefilled)
             except Exception as e:  # one request's bad output must not stop the others
@@ -367,17 +375,9 @@ class Scheduler:
             # Its prompt enters the tree now, not when it finishes: requests sharing the prefix
             # that arrive (or were held back by SchedulePolicy.wait_for_in_batch_prefix) meanwhile reuse it.
             self.tree_cache.cache_unfinished_req(req)
-        req.output_ids.append(next_id)
-        if req.first_token_time is None:
-            req.first_token_time = time.perf_counter()
-        self.stats["generation_tokens"] += 1
-        if sample.next_token_logprobs is not None and req.return_logprob:
-            req.output_token_logprobs.append(sample.next_token_logprobs[i])
-            if req.top_logprobs_num and sample.top_logprobs is not None:
-                req.output_top_logprobs.append(sample.top_logprobs[i])
-        reason = self.output_processor.check_finished(req, self.model_config.context_len)
-        if req.grammar is not None:
-            reason = GrammarQueue.advance(req, next_id, reason)
+        self._finish_or_stream(req, self.output_processor.append_token(req, next_id, sample, i))
+
+    def _finish_or_stream(self, req: Req, reason: FinishReason | None) -> None:
         if reason is not None:
             self._finish(req, reason)
         else:

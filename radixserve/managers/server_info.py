@@ -30,7 +30,7 @@ def server_info(s: Scheduler) -> dict[str, Any]:
         "num_timed_out_reqs": s.stats["num_timed_out_reqs"],
         "failed_forward_streak": s.failed_forward_streak,
         "deterministic_inference": s.model_runner.deterministic,
-        "generation_tokens": s.stats["generation_tokens"],
+        "generation_tokens": s.output_processor.generated_tokens,
         **SpecWorker.info(s.spec_worker),
         **_moe_info(s),
         "prompt_tokens": s.stats["prompt_tokens"],

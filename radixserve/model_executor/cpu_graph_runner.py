@@ -58,7 +58,7 @@ class CpuGraphRunner:
     def __init__(self, runner: ModelRunner, stack: Any) -> None:
         self.model = runner.model
         self.stack = stack
-        self.max_rows = runner.quant_max_rows  # None: any number of rows
+        self.max_rows = runner.low_bit_row_limit()  # None: any number of rows
         self.replays = 0
 
     @classmethod
@@ -130,14 +130,14 @@ class CpuGraphRunner:
 
     def can_run(self, fb: ForwardBatch) -> bool:
         """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows."""
-        md = fb.attn_metadata
         mode = fb.forward_mode
         rows = fb.input_ids.shape[0]
         return ((mode.is_decode() or mode.is_target_verify()) and rows >= 1
-                and (self.max_rows is None or rows <= self.max_rows) and md is not None and md.batched is not None and md.batched.all_rows)
+                and (self.max_rows is None or rows <= self.max_rows)
+                and CpuPagedAttnBackend.whole_step_rows(fb) is not None)
 
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
-        b = fb.attn_metadata.batched
+        b = CpuPagedAttnBackend.whole_step_rows(fb)
         model = self.model
         x = model.model.embed(fb.input_ids)
         hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)

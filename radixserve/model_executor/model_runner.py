@@ -189,6 +189,11 @@ class ModelRunner:
         self.weight_bytes = model_weight_bytes(self.model)
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
 
+    def low_bit_row_limit(self) -> int | None:
+        """Most rows a step may have and still run on the low-bit kernels; None = any number, or no low-bit
+        weights at all (nothing to stay within). What the speculative verify sizes its rows by."""
+        return self.quant_max_rows if self.quant_ops is not None else None
+
     def _low_bit_only(self) -> bool:
         return self.quantization != "none" and self.quant_max_rows is None
 

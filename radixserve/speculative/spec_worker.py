@@ -1,6 +1,6 @@
 """SpecWorker: propose -> verify -> accept, the scheduler's speculative step.
 
-    prepare_verify(sched)   instead of a DECODE step: a draft length per running request (adaptive, see
+    prepare_verify(batch..) instead of a DECODE step: a draft length per running request (adaptive, see
                             below), slots checked first (drafts may evict the tree, never retract), drafts
                             from the proposer (n-gram lookup or a draft model), and the running batch
                             becomes a TARGET_VERIFY step in which each request verifies its own number
@@ -22,7 +22,7 @@ distribution exactly; greedy and seeded requests get token for token what they g
 
 Draft length per request: after a verify that kept none of its drafts it halves (down to 0: no drafts
 for RETRY_AFTER_STEPS steps, then one token is tried), after one that kept all of them it doubles back
-up to --speculative-num-draft-tokens. Where the low-bit path is capped (ModelRunner.quant_max_rows: AMX
+up to --speculative-num-draft-tokens. Where the low-bit path is capped (ModelRunner.low_bit_row_limit(): AMX
 machines, or --quant-max-rows), a batch that decodes on it verifies on it too (the rows of the step stay
 within the cap), so a verified row is computed by the same kernels as the decode step it replaces.
 """
@@ -30,19 +30,19 @@ within the cap), so a verified row is computed by the same kernels as the decode
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
-from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.exceptions import OutOfKVSlots
 from radixserve.speculative.draft_model import DraftModelProposer
 from radixserve.speculative.ngram import NgramProposer
 from radixserve.speculative.spec_info import Draft
 
 if TYPE_CHECKING:
-    from radixserve.managers.req import Req
+    from radixserve.managers.output_processor import OutputProcessor
+    from radixserve.managers.req import FinishReason, Req
     from radixserve.managers.schedule_batch import ScheduleBatch
-    from radixserve.managers.scheduler import Scheduler
+    from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+    from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
     from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.model_executor.results import SampleOutput
     from radixserve.server_args import ServerArgs
@@ -61,7 +61,7 @@ class SpecWorker:
         self.context_len = runner.model_config.context_len
         # with low-bit weights, steps of <= this many rows run the low-bit path, longer ones the float GEMMs
         # (None: every step is low-bit, nothing to stay within)
-        self.low_bit_rows = runner.quant_max_rows if runner.quant_ops is not None else None
+        self.low_bit_rows = runner.low_bit_row_limit()
         self.turn = 0  # who gets the first of the rows a low-bit step has to share
         self.verify_ct = 0  # (request, verify forward) pairs in which the request had drafts
         self.accepted_tokens = 0  # tokens those produced (kept drafts + the bonus / corrected one)
@@ -140,18 +140,17 @@ class SpecWorker:
             req.spec_draft_len = min(self.max_draft, max(1, req.spec_draft_len) * 2)
 
     # ------------------------------------------------------------------ the scheduler's step
-    def prepare_verify(self, sched: Scheduler) -> bool:
+    def prepare_verify(self, batch: ScheduleBatch, allocator: TokenToKVPoolAllocator, tree_cache: BasePrefixCache) -> bool:
         """Turn the running batch into a TARGET_VERIFY step; False = run plain DECODE."""
-        batch = sched.running_batch
         lens = self.draft_lens(batch.reqs)
         if not any(lens):
             return False
         # the target's slots for every verified position, before any draft is computed: drafts may
         # evict the tree like decode does, but never retract a request
         need = batch.verify_slots_needed(lens)
-        if sched.allocator.available_size() < need:
-            sched.tree_cache.evict(need - sched.allocator.available_size())
-        if sched.allocator.available_size() < need:
+        if allocator.available_size() < need:
+            tree_cache.evict(need - allocator.available_size())
+        if allocator.available_size() < need:
             return False
         drafts = self.proposer.propose(batch.reqs, lens)
         try:
@@ -165,39 +164,27 @@ class SpecWorker:
             self.proposer.on_verified(r, 0)
         return False
 
-    def process_verify_one(self, sched: Scheduler, batch: ScheduleBatch, i: int, req: Req, sample: SampleOutput,
-                           next_ids: list[int]) -> None:
-        """Request i of a TARGET_VERIFY batch: its rows start after the rows of the requests before it."""
+    def process_verify_one(self, batch: ScheduleBatch, i: int, req: Req, sample: SampleOutput, next_ids: list[int],
+                           out: OutputProcessor) -> FinishReason | None:
+        """Request i of a TARGET_VERIFY batch (its rows start after the rows of the requests before it): its
+        verified tokens through the same token path a DECODE step takes (OutputProcessor.append_token), up to
+        the first that finishes it; returns that reason (the scheduler finishes the request)."""
         row = sum(s - p for p, s in zip(batch.prefix_lens[:i], batch.seq_lens[:i]))
         alloc_len = batch.seq_lens[i]
         req.kv_len = alloc_len
         if req.finished():
-            return  # aborted while this step ran (its slots went with it)
+            return None  # aborted while this step ran (its slots went with it)
         accepted = sample.accept_lens[i]
         self._on_verified(req, len(req.spec_draft.tokens), accepted)
         reason = None
         for j in range(row, row + accepted + 1):
-            tok = next_ids[j]
-            req.output_ids.append(tok)
-            if req.first_token_time is None:
-                req.first_token_time = time.perf_counter()
-            sched.stats["generation_tokens"] += 1
-            if sample.next_token_logprobs is not None and req.return_logprob:
-                req.output_token_logprobs.append(sample.next_token_logprobs[j])
-                if req.top_logprobs_num and sample.top_logprobs is not None:
-                    req.output_top_logprobs.append(sample.top_logprobs[j])
-            reason = sched.output_processor.check_finished(req, sched.model_config.context_len)
-            if req.grammar is not None:
-                reason = GrammarQueue.advance(req, tok, reason)
+            reason = out.append_token(req, next_ids[j], sample, j)
             if reason is not None:
                 break
         batch.release_rejected(req, alloc_len)
         self.proposer.on_verified(req, accepted)
         req.spec_draft = Draft()
-        if reason is not None:
-            sched._finish(req, reason)
-        else:
-            sched.output_processor.maybe_stream(req)
+        return reason
 
     # ------------------------------------------------------------------ lifetime
     def release_stale(self, live: list[Req]) -> None:

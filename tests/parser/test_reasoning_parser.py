@@ -8,7 +8,7 @@ from itertools import pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.function_call.tool_parser import ToolCallParser
+from radixserve.function_call.registry import create_detector
 from radixserve.parser.reasoning_parser import PromptState, ReasoningParser, prompt_state
 
 CALL = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
@@ -43,7 +43,7 @@ def test_any_split_gives_the_whole_split(case, cuts) -> None:
 def test_tool_call_inside_the_thinking_is_never_extracted() -> None:
     reasoning, content = ReasoningParser("qwen3").parse(CASES[0][2])
     assert CALL in reasoning
-    _, calls = ToolCallParser.create("hermes").parse(content)
+    _, calls = create_detector("hermes").parse(content)
     assert [c.name for c in calls] == ["f"]  # only the one after the thinking
 
 

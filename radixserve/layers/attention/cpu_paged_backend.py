@@ -22,6 +22,7 @@ from radixserve.layers.attention.torch_native_backend import BatchedPart, Extend
 
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 
 class CpuPagedAttnBackend(TorchNativeAttnBackend):
@@ -32,6 +33,14 @@ class CpuPagedAttnBackend(TorchNativeAttnBackend):
         super().__init__(device)
         self.kernel = kernel
         self.extend_kernel = extend_kernel
+
+    @staticmethod
+    def whole_step_rows(fb: ForwardBatch) -> BatchedPart | None:
+        """The step's paged-kernel part when it covers every row (a pure DECODE / TARGET_VERIFY step: what a
+        caller running the whole step natively, CpuGraphRunner, binds to), else None."""
+        md = fb.attn_metadata
+        b = md.batched if md is not None else None
+        return b if b is not None and b.all_rows else None
 
     def _attend_extend(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,
