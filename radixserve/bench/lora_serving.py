@@ -26,6 +26,7 @@ import torch
 from radixserve.bench import serving
 from radixserve.bench.common import print_kv, write_json
 from radixserve.bench.server_process import local_radixserve
+from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights
 from radixserve.lora.lora_batch import LoRABatch, torch_lora_apply
 from radixserve.lora.lora_config import LoRAConfig
@@ -71,26 +72,38 @@ def write_random_adapters(model_path: str, out_dir: str, num: int, rank: int, se
     return out
 
 
+def _weights(shards: list[int], in_f: int, rank: int) -> LoRAWeights:
+    """Random weights laid out as load_adapter lays a stacked projection's: B block diagonal over its shards
+    (output rows per shard: qkv's q, k, v; gate_up's gate, up), `rank` ranks each, the block table beside it."""
+    out_f = sum(shards)
+    A, B = torch.randn(rank * len(shards), in_f), torch.zeros(out_f, rank * len(shards))
+    blocks, o0 = [], 0
+    for k, rows in enumerate(shards):
+        B[o0 : o0 + rows, k * rank : (k + 1) * rank] = torch.randn(rows, rank)
+        blocks.append([o0, rows, k * rank, rank])
+        o0 += rows
+    return LoRAWeights(A, B, blocks=torch.tensor(blocks, dtype=torch.int64))
+
+
 def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats: int = 20) -> float:
     """ms for one decode step's LoRA deltas: `rows` rows (one per request) round-robin over `num` adapters,
-    every projection of every layer in our stacked layout, through the path the server takes (LoRABatch:
-    dense for few rows, segmented otherwise)."""
+    every projection of every layer in our stacked layout, through the path the server takes (LoRABatch: few
+    rows side by side, by lora_sgmv where the C++ kernels load; segmented otherwise)."""
 
     cfg = get_model_config(model_path)
     s = _module_shapes(cfg)
-    stacked = {"qkv": (s["q_proj"][0] + 2 * s["k_proj"][0], cfg.hidden_size, 3 * rank),
-               "o": (*s["o_proj"], rank), "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size, 2 * rank),
-               "down": (*s["down_proj"], rank)}
+    # our projection -> (output rows of each stacked shard, in features)
+    stacked = {"qkv": ([s["q_proj"][0], s["k_proj"][0], s["v_proj"][0]], cfg.hidden_size),
+               "o": ([s["o_proj"][0]], s["o_proj"][1]),
+               "gate_up": ([cfg.intermediate_size] * 2, cfg.hidden_size), "down": ([s["down_proj"][0]], s["down_proj"][1])}
     names = [f"{layer}.{n}" for layer in range(cfg.num_hidden_layers) for n in stacked]
     adapters = [LoRAAdapter(LoRAConfig(f"x{k}", "", rank, 2.0 * rank, False, None), k + 1,
-                            {n: LoRAWeights(torch.randn(stacked[n.split(".")[1]][2], stacked[n.split(".")[1]][1]),
-                                            torch.randn(stacked[n.split(".")[1]][0], stacked[n.split(".")[1]][2]))
-                             for n in names}) for k in range(num)]
+                            {n: _weights(*stacked[n.split(".")[1]], rank) for n in names}) for k in range(num)]
     batch = LoRABatch.build([adapters[i % num] for i in range(rows)], [1] * rows, torch.device("cpu"),
-                            torch_lora_apply, DenseCache())
+                            torch_lora_apply, DenseCache(load_cpu_ops()[0]))  # lora_sgmv where it runs
     assert batch is not None
-    xs = {n: torch.randn(rows, i) for n, (o, i, r) in stacked.items()}
-    outs = {n: torch.zeros(rows, o) for n, (o, i, r) in stacked.items()}
+    xs = {n: torch.randn(rows, i) for n, (shards, i) in stacked.items()}
+    outs = {n: torch.zeros(rows, sum(shards)) for n, (shards, i) in stacked.items()}
 
     def step() -> None:
         for name in names:

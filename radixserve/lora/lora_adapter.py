@@ -38,6 +38,14 @@ class LoRAWeights:
     # row-parallel under TP: x @ A.T is a partial sum over this rank's input features; it is all-reduced
     # (a [rows, rank] tensor, small) before B, and the delta is added after the layer's own all-reduce
     reduce: bool = False
+    # [S, 4] int64 (out start, out rows, rank start, ranks): the non-zero blocks of B, one per stacked shard
+    # (None: B is one block, every output row over every rank)
+    blocks: torch.Tensor | None = None
+
+    def block_table(self) -> torch.Tensor:
+        if self.blocks is None:
+            return torch.tensor([[0, self.B.shape[0], 0, self.A.shape[0]]], dtype=torch.int64)
+        return self.blocks
 
 
 @dataclass
@@ -171,13 +179,14 @@ def _stack(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], module: Packabl
     out_f, _ = module.weight_dims()
     rank_sum = sum(a.shape[0] for _, a, _ in pieces)
     B = torch.zeros(out_f, rank_sum)  # [out, sum of ranks]: block diagonal over the stacked shards
-    col = 0
+    col, blocks = 0, []
     for dst, a, b in pieces:
         B[dst : dst + b.shape[0], col : col + a.shape[0]] = b * scaling
+        blocks.append([dst, b.shape[0], col, a.shape[0]])
         col += a.shape[0]
     A = torch.cat([a for _, a, _ in pieces], dim=0)  # [sum of ranks, in]
     return LoRAWeights(A.to(device=device, dtype=dtype).contiguous(), B.to(device=device, dtype=dtype).contiguous(),
-                       reduce)
+                       reduce, torch.tensor(blocks, dtype=torch.int64))
 
 
 def read_lora_config(name: str, path: str, max_rank: int) -> LoRAConfig:

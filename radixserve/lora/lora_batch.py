@@ -7,7 +7,8 @@
 Each projection runs its base GEMM as always (low-bit kernels included); then, per adapter group,
 out[rows] += (x[rows] @ A.T) @ B.T: one pair of small GEMMs per adapter per projection per step, however
 many requests share the adapter (Punica / S-LoRA's segmented matmul, grouped by adapter). A step of few
-rows over several adapters (decode) runs all groups in one GEMM pair instead (lora_dense.py). A step with no
+rows (decode, verify) runs all its groups in one GEMM pair instead (lora_dense.py), inside the native decode
+stack when the runner has one (kernels/cpu/csrc/decode_stack.cpp: forward_lora). A step with no
 adapter row has no LoRABatch: the hooks return at once and the projections run exactly as without LoRA.
 
 The batch is set for the duration of one forward by ModelRunner (`lora_batch_mode`), the same way the
@@ -56,13 +57,13 @@ class LoRABatch:
             start += n
         groups = [LoRAGroup(a, _rows(rows, device)) for a, rows in by_uid.values()]
         dense = None
-        if dense_cache is not None and len(groups) > 1 and start <= ROW_LIMIT:
+        if dense_cache is not None and start <= ROW_LIMIT:  # one adapter too: what the native decode stack binds
             order = sorted(by_uid)  # a stable key for the cache: the set, not the batch order
             index = {uid: g for g, uid in enumerate(order)}
             row_group = torch.full((start,), -1, dtype=torch.int64)
             for uid, (_, rows) in by_uid.items():
                 row_group[rows] = index[uid]
-            dense = DenseLoRA(dense_cache.get([by_uid[u][0] for u in order]), row_group.to(device))
+            dense = DenseLoRA(dense_cache.get([by_uid[u][0] for u in order]), row_group.to(device), dense_cache.ops)
         return cls(groups, apply, dense)
 
 

@@ -13,6 +13,12 @@ runs, which under steady load is most steps):
     t  *= (row_group[:, None] == col_group[None, :])        a row keeps its own adapter's columns only
     out += t @ B_cat.T                                       base rows (group -1) add exact zeros
 
+On the CPU with radixserve's kernels (and one rank: no all-reduce between A and B) the same side-by-side
+weights go to `lora_sgmv` instead (kernels/cpu/csrc/lora_sgmv.cpp): each row against its own adapter's ranks
+only, and only the non-zero blocks of a stacked projection's B (`blocks`), so no row pays for the other
+adapters (the masked GEMMs above do 8x the work at 8 adapters). The native decode stack calls the same op.
+The masked GEMM pair stays as the fallback (CUDA, tensor parallel, no C++ kernels).
+
 The extra products are rows x (sum of ranks) x in flops, small next to the base GEMM for few rows; for
 many rows (prefill) the segmented path runs instead (ROW_LIMIT).
 """
@@ -35,9 +41,11 @@ class DenseWeights:
     B: torch.Tensor  # [out, sum of ranks]
     col_group: torch.Tensor  # [sum of ranks] int64: index of the adapter (in the set) owning each column
     reduce: bool  # row-parallel under TP: all-reduce t before B (lora_adapter.LoRAWeights.reduce)
+    blocks: torch.Tensor  # [S, 5] int64 (adapter, out start, out rows, rank start, ranks): B's non-zero blocks
+    Bt: torch.Tensor | None = None  # [sum of ranks, out]: B transposed, what lora_sgmv reads (DenseCache.ops)
 
 
-def concat_adapters(adapters: list[LoRAAdapter]) -> dict[str, DenseWeights]:
+def concat_adapters(adapters: list[LoRAAdapter], transposed: bool = False) -> dict[str, DenseWeights]:
     """Module -> the side-by-side weights of `adapters` (in this order: group g = adapters[g])."""
     out: dict[str, DenseWeights] = {}
     names = sorted({n for a in adapters for n in a.weights})
@@ -46,7 +54,13 @@ def concat_adapters(adapters: list[LoRAAdapter]) -> dict[str, DenseWeights]:
         A = torch.cat([w.A for _, w in parts], dim=0).contiguous()
         B = torch.cat([w.B for _, w in parts], dim=1).contiguous()
         cols = torch.cat([torch.full((w.A.shape[0],), g, dtype=torch.int64) for g, w in parts]).to(A.device)
-        out[name] = DenseWeights(A, B, cols, parts[0][1].reduce)
+        blocks, col = [], 0
+        for g, w in parts:
+            for o0, on, r0, rn in w.block_table().tolist():
+                blocks.append([g, o0, on, col + r0, rn])
+            col += w.A.shape[0]
+        out[name] = DenseWeights(A, B, cols, parts[0][1].reduce, torch.tensor(blocks, dtype=torch.int64),
+                                 B.t().contiguous() if transposed else None)
     return out
 
 
@@ -54,6 +68,7 @@ def concat_adapters(adapters: list[LoRAAdapter]) -> dict[str, DenseWeights]:
 class DenseLoRA:
     weights: dict[str, DenseWeights]
     row_group: torch.Tensor  # [rows] int64: the adapter group of each token row, -1 = base
+    ops: Any = None  # torch.ops.radixserve_cpu where lora_sgmv runs these rows (DenseCache.ops), else None
     _masks: dict[int, torch.Tensor] = field(default_factory=dict)  # id(col_group) -> [rows, sum of ranks]
 
     def mask(self, w: DenseWeights, dtype: torch.dtype) -> torch.Tensor:
@@ -65,6 +80,9 @@ class DenseLoRA:
     def apply(self, name: str, x: torch.Tensor, out: torch.Tensor, ps: Any) -> None:
         w = self.weights.get(name)
         if w is None:
+            return
+        if self.ops is not None and not w.reduce and out.dtype == w.A.dtype:
+            self.ops.lora_sgmv(x.to(w.A.dtype).contiguous(), self.row_group, w.A, w.Bt, w.blocks, out)
             return
         t = x.to(w.A.dtype) @ w.A.t()  # [rows, sum of ranks]
         if w.reduce:
@@ -79,14 +97,15 @@ class DenseLoRA:
 class DenseCache:
     """The last set of adapters laid side by side (rebuilt when the set changes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ops: Any = None) -> None:
         self.key: tuple[int, ...] | None = None
         self.weights: dict[str, DenseWeights] = {}
+        self.ops = ops  # torch.ops.radixserve_cpu when lora_sgmv may run (CPU, kernels loaded, one rank)
 
     def get(self, adapters: list[LoRAAdapter]) -> dict[str, DenseWeights]:
         key = tuple(a.uid for a in adapters)
         if key != self.key:
-            self.key, self.weights = key, concat_adapters(adapters)
+            self.key, self.weights = key, concat_adapters(adapters, transposed=self.ops is not None)
         return self.weights
 
     def drop(self) -> None:

@@ -19,7 +19,7 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -73,7 +73,7 @@ class _Registration:
 
 class LoRAManager:
     def __init__(self, model: nn.Module, paths: dict[str, str], max_rank: int, max_loaded: int,
-                 dtype: torch.dtype, device: torch.device, ps: object = None) -> None:
+                 dtype: torch.dtype, device: torch.device, ps: object = None, cpu_ops: Any = None) -> None:
         self.model = model
         self.max_rank = max_rank
         self.max_loaded = max_loaded
@@ -84,7 +84,8 @@ class LoRAManager:
         self.by_name: dict[str, int] = {}  # name -> uid of its active registration
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self.apply = torch_lora_apply
-        self.dense_cache = DenseCache()  # decode steps over several adapters (lora_dense.py)
+        # few-row steps (decode, verify): the adapters side by side, through lora_sgmv where it runs (lora_dense.py)
+        self.dense_cache = DenseCache(cpu_ops if device.type == "cpu" else None)
         self.said_layer_by_layer = False  # runner_setup.lora_batch_for logs the fallback once
         install_lora_hooks(model, ps)
         for name, path in paths.items():

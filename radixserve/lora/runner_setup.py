@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.lora.lora_batch import LoRABatch
+from radixserve.lora.lora_dense import ROW_LIMIT
 from radixserve.lora.lora_manager import LoRAManager, parse_lora_paths
 
 if TYPE_CHECKING:
@@ -19,19 +21,22 @@ def make_lora_manager(runner: ModelRunner) -> LoRAManager | None:
     args = runner.server_args
     if not args.enable_lora:
         return None
+    cpu_ops = load_cpu_ops()[0] if runner.device.type == "cpu" else None  # lora_sgmv (kernels/cpu/)
     return LoRAManager(runner.model, parse_lora_paths(args.lora_paths), args.max_lora_rank,
-                       args.max_loaded_loras, runner.act_dtype, runner.device, runner.parallel_state)
+                       args.max_loaded_loras, runner.act_dtype, runner.device, runner.parallel_state, cpu_ops)
 
 
 def lora_batch_for(runner: ModelRunner, forward_batch: ForwardBatch) -> LoRABatch | None:
-    """This step's adapter groups, or None (base-only: the step runs exactly as without LoRA). A LoRA step
-    runs layer by layer: the native decode stack has no LoRA deltas (said once in the log)."""
+    """This step's adapter groups, or None (base-only: the step runs exactly as without LoRA). A few-row step
+    with adapter rows (decode, verify) runs in the native decode stack with the deltas inside it; a longer one
+    runs layer by layer (said once in the log)."""
     manager = runner.lora_manager
     if manager is None:
         return None
     batch = manager.batch_for(forward_batch)
-    if batch is not None and runner.cpu_graph_runner is not None and not manager.said_layer_by_layer:
+    if (batch is not None and batch.dense is None and runner.cpu_graph_runner is not None
+            and not manager.said_layer_by_layer):
         manager.said_layer_by_layer = True
-        logger.info("LoRA: steps with adapter rows run layer by layer (the native decode stack has no LoRA "
-                    "deltas); base-only steps keep the native decode stack")
+        logger.info("LoRA: steps of more than %d rows with adapter rows run layer by layer (segmented deltas); "
+                    "shorter ones, and base-only steps, run the native decode stack", ROW_LIMIT)
     return batch

@@ -35,6 +35,8 @@ from radixserve.models.base import DECODE_STACK_LAYERS, LayerArithmetic
 
 if TYPE_CHECKING:
     from radixserve.layers.logits_processor import LogitsProcessorOutput
+    from radixserve.lora.lora_batch import LoRABatch
+    from radixserve.lora.lora_dense import DenseWeights
     from radixserve.model_executor.forward_batch_info import ForwardBatch
     from radixserve.model_executor.model_runner import ModelRunner
 
@@ -54,12 +56,23 @@ def _arithmetic_tensors(layer: Any, arithmetic: LayerArithmetic) -> list[torch.T
     return [rope.cos_cache, rope.sin_cache, *qk, *ff]
 
 
+def _projections(layer: Any) -> list[Any]:
+    """The four projections the stack runs, in its order."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+
+
 class CpuGraphRunner:
     def __init__(self, runner: ModelRunner, stack: Any) -> None:
         self.model = runner.model
         self.stack = stack
         self.max_rows = runner.low_bit_row_limit()  # None: any number of rows
         self.replays = 0
+        self.lora_replays = 0  # of those, steps with adapter rows (their deltas inside the stack)
+        # each layer's four projections by module name: what LoRA weights are keyed by (lora_dense.py)
+        names = {id(m): n for n, m in self.model.named_modules()}
+        self._proj_names = [[names[id(p)] for p in _projections(layer)] for layer in self.model.model.layers]
+        self._lora_bound: dict[str, DenseWeights] | None = None  # the adapter set the stack holds now
 
     @classmethod
     def maybe_create(cls, runner: ModelRunner) -> CpuGraphRunner | None:
@@ -95,8 +108,7 @@ class CpuGraphRunner:
         for i in inner.stage_layers:
             layer = inner.layers[i]
             attn, mlp = layer.self_attn, layer.mlp
-            projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
-            if any(p.qweight is None for p in projs):
+            if any(p.qweight is None for p in _projections(layer)):
                 return "a projection has no low-bit copy"
             if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
                 return "o_proj / down_proj with a bias"
@@ -118,7 +130,7 @@ class CpuGraphRunner:
             tensors = [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data, bias,
                        k_buf, v_buf]
             kinds = []
-            for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            for proj in _projections(layer):
                 qw = proj.qweight
                 tensors += [qw.data, qw.d, qw.m if qw.m is not None else _EMPTY]
                 kinds.append(qw.kind)
@@ -128,18 +140,40 @@ class CpuGraphRunner:
                             float(arithmetic.logit_cap or 0.0), arithmetic.activation)
         return stack
 
-    def can_run(self, fb: ForwardBatch) -> bool:
-        """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows."""
+    def can_run(self, fb: ForwardBatch, lora: LoRABatch | None = None) -> bool:
+        """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows; with
+        adapter rows, when the step's adapters are laid side by side (few rows: LoRABatch.dense)."""
+        if lora is not None and lora.dense is None:
+            return False
         mode = fb.forward_mode
         rows = fb.input_ids.shape[0]
         return ((mode.is_decode() or mode.is_target_verify()) and rows >= 1
                 and (self.max_rows is None or rows <= self.max_rows)
                 and CpuPagedAttnBackend.whole_step_rows(fb) is not None)
 
-    def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+    def replay(self, fb: ForwardBatch, lora: LoRABatch | None = None) -> LogitsProcessorOutput:
         b = CpuPagedAttnBackend.whole_step_rows(fb)
         model = self.model
         x = model.model.embed(fb.input_ids)
-        hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)
+        if lora is None:
+            hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)
+        else:
+            self._bind_lora(lora.dense.weights)
+            hidden = self.stack.forward_lora(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens,
+                                             b.query_len, lora.dense.row_group)
+            self.lora_replays += 1
         self.replays += 1
         return model.logits_processor(hidden, model.lm_head, fb)
+
+    def _bind_lora(self, weights: dict[str, DenseWeights]) -> None:
+        """Hand the stack this adapter set's side-by-side weights, once per set (DenseCache makes a new dict
+        when the set changes; holding it keeps its identity from being reused)."""
+        if weights is self._lora_bound:
+            return
+        flat: list[torch.Tensor] = []
+        for names in self._proj_names:
+            for name in names:
+                w = weights.get(name)
+                flat += [_EMPTY, _EMPTY, _EMPTY] if w is None else [w.A, w.Bt, w.blocks]
+        self.stack.set_lora(flat)
+        self._lora_bound = weights

@@ -317,9 +317,9 @@ class ModelRunner:
         lora = lora_batch_for(self, forward_batch)  # None unless some row uses an adapter
         with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops, self.quant_max_rows), \
                 lora_batch_mode(lora):
-            # a step with adapter rows runs layer by layer: the native decode stack has no LoRA deltas
-            if self.cpu_graph_runner is not None and lora is None and self.cpu_graph_runner.can_run(forward_batch):
-                return self.cpu_graph_runner.replay(forward_batch)
+            # adapter rows: the stack adds their deltas when the step is few rows (LoRABatch.dense)
+            if self.cpu_graph_runner is not None and self.cpu_graph_runner.can_run(forward_batch, lora):
+                return self.cpu_graph_runner.replay(forward_batch, lora)
             return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch, pp_proxy)
 
     @torch.inference_mode()

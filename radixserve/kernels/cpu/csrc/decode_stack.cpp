@@ -20,11 +20,16 @@
 //   act = silu or gelu_tanh
 // then x = add_rms_norm(x, residual, final_norm) is returned (the LM head stays in Python; so do
 // Gemma's embedding scale and final-logit soft-cap, which lie outside the stack).
+//
+// LoRA (forward_lora): after each projection, each row's own adapter delta (row_group[i]: its adapter in the
+// bound set, -1 = base) through lora_sgmv (lora_sgmv.cpp), the op the layer-by-layer path calls
+// (DenseLoRA.apply), so the floats equal that path's.
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -38,6 +43,10 @@ namespace radixserve {
 namespace {
 
 enum class Activation { Silu, GeluTanh };
+
+struct LoraProj {  // one projection's side-by-side adapters (lora/lora_dense.py); undefined A = none
+  at::Tensor A, Bt, blocks;  // Bt = B transposed [ranks, out]
+};
 
 struct StackLayer {
   at::Tensor in_norm, post_norm, qkv_bias, k_buf, v_buf;
@@ -94,11 +103,54 @@ class DecodeStack : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+  // The adapters the next forward_lora steps apply: [A, Bt, blocks] for qkv, o, gate_up, down of layer 0,
+  // then layer 1, ... (A empty = none); bound once per set of adapters, not per step.
+  void set_lora(std::vector<at::Tensor> t) {
+    const size_t per_layer = 12;
+    TORCH_CHECK(t.size() == per_layer * layers_.size(), "DecodeStack.set_lora: [A, Bt, blocks] x 4 projections x ",
+                layers_.size(), " layers");
+    const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
+    const int64_t dims[4][2] = {{H_, qkv_n}, {Hq_ * D_, H_}, {H_, 2 * I_}, {I_, H_}};  // in, out
+    std::vector<std::array<LoraProj, 4>> lora(layers_.size());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      for (int p = 0; p < 4; ++p) {
+        const at::Tensor &A = t[l * per_layer + 3 * p], &Bt = t[l * per_layer + 3 * p + 1],
+                         &blocks = t[l * per_layer + 3 * p + 2];
+        if (A.numel() == 0) continue;
+        const int64_t R = A.size(0);
+        TORCH_CHECK(A.scalar_type() == at::kFloat && A.is_contiguous() && A.dim() == 2 && A.size(1) == dims[p][0] &&
+                        Bt.scalar_type() == at::kFloat && Bt.is_contiguous() && Bt.dim() == 2 &&
+                        Bt.size(0) == R && Bt.size(1) == dims[p][1] && blocks.scalar_type() == at::kLong &&
+                        blocks.dim() == 2 && blocks.size(1) == 5,
+                    "DecodeStack.set_lora: layer ", l, " projection ", p, ": A float32 [ranks, ", dims[p][0],
+                    "], Bt float32 [ranks, ", dims[p][1], "], blocks int64 [S, 5]");
+        lora[l][p] = LoraProj{A, Bt, blocks.contiguous()};
+      }
+    }
+    lora_ = std::move(lora);
+  }
+
+  // forward, plus each row's adapter delta on every projection (set_lora); row_group [M] int64: the adapter
+  // (index into the set) of each row, -1 = the base model.
+  at::Tensor forward_lora(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
+                          const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor& row_group) {
+    TORCH_CHECK(lora_.size() == layers_.size(), "DecodeStack.forward_lora: set_lora first");
+    TORCH_CHECK(row_group.scalar_type() == at::kLong && row_group.is_contiguous() && row_group.numel() == x_in.size(0),
+                "DecodeStack.forward_lora: row_group must be int64 [M]");
+    return run(x_in, positions, out_loc, kv_idx, seq_lens, L, &row_group);
+  }
+
   // x [M, hidden] (the embeddings; not modified), positions / out_loc [M] int64, M = nb * L rows:
   // nb requests of L query tokens each (DECODE: L = 1; TARGET_VERIFY: the last token + L - 1 drafts),
   // kv_idx [nb, max_len] int64 slot table, seq_lens [nb] int64 (this step's L tokens included).
   at::Tensor forward(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
                      const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L) {
+    return run(x_in, positions, out_loc, kv_idx, seq_lens, L, nullptr);
+  }
+
+ private:
+  at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
+                 const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor* row_group) {
     TORCH_CHECK(!layers_.empty(), "DecodeStack: no layers");
     TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == H_,
                 "DecodeStack: x must be float32 [M, hidden]");
@@ -144,6 +196,7 @@ class DecodeStack : public torch::CustomClassHolder {
       }
       quantize_rows_q8(xp, M, H_, H_, act_q_);
       qgemm(Ly.qkv, act_q_, Ly.qkv_bias.numel() > 0 ? Ly.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
+      if (row_group) lora_delta(lora_[l][0], x, qkv, *row_group);
       if (Ly.q_norm.defined()) qk_norm(Ly, qkvp, M);
       rope_(qk, positions, Ly.cos, Ly.sin);
       float* qp = q.data_ptr<float>();
@@ -157,6 +210,7 @@ class DecodeStack : public torch::CustomClassHolder {
       paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, Ly.window, Ly.softcap, attn);
       quantize_rows_q8(attn.data_ptr<float>(), M, Hq_ * D_, Hq_ * D_, act_q_);
       qgemm(Ly.o, act_q_, nullptr, xp, H_);
+      if (row_group) lora_delta(lora_[l][1], attn.view({M, Hq_ * D_}), x, *row_group);
       const bool sandwich = Ly.pre_ff_norm.defined();
       if (sandwich) {  // the attention output is normed before it joins the residual
         fused_add_rms_norm_(x, no_residual, Ly.post_norm, eps_);
@@ -166,6 +220,7 @@ class DecodeStack : public torch::CustomClassHolder {
       }
       quantize_rows_q8(xp, M, H_, H_, act_q_);
       qgemm(Ly.gate_up, act_q_, nullptr, gu.data_ptr<float>(), 2 * I_);
+      if (row_group) lora_delta(lora_[l][2], x, gu, *row_group);
       if (Ly.act == Activation::GeluTanh) {
         gelu_tanh_and_mul(gu, act);
       } else {
@@ -173,13 +228,17 @@ class DecodeStack : public torch::CustomClassHolder {
       }
       quantize_rows_q8(act.data_ptr<float>(), M, I_, I_, act_q_);
       qgemm(Ly.down, act_q_, nullptr, xp, H_);
+      if (row_group) lora_delta(lora_[l][3], act, x, *row_group);
       if (sandwich) fused_add_rms_norm_(x, no_residual, Ly.post_ff_norm, eps_);
     }
     fused_add_rms_norm_(x, with_residual, final_norm_, eps_);
     return x;
   }
 
- private:
+  static void lora_delta(const LoraProj& p, const at::Tensor& x, at::Tensor& out, const at::Tensor& row_group) {
+    if (p.A.defined()) lora_sgmv(x, row_group, p.A, p.Bt, p.blocks, out);
+  }
+
   // The layer's options (add_layer's arith, window, softcap, activation), checked against the model's
   // dimensions: a layer is Llama's unless they say otherwise.
   void set_arithmetic(StackLayer& L, const std::vector<at::Tensor>& arith, int64_t window, double softcap,
@@ -255,6 +314,7 @@ class DecodeStack : public torch::CustomClassHolder {
   double eps_, scale_;
   at::Tensor final_norm_;
   std::vector<StackLayer> layers_;
+  std::vector<std::array<LoraProj, 4>> lora_;  // set_lora's adapters (empty: none bound)
   Q8ActRows act_q_;
   int64_t buf_rows_ = -1;
   at::Tensor residual_, qkv_, q_, attn_, gu_, act_, qn_, kn_;
@@ -268,5 +328,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor>())
       .def("add_layer", &radixserve::DecodeStack::add_layer)
       .def("num_layers", &radixserve::DecodeStack::num_layers)
-      .def("forward", &radixserve::DecodeStack::forward);
+      .def("forward", &radixserve::DecodeStack::forward)
+      .def("set_lora", &radixserve::DecodeStack::set_lora)
+      .def("forward_lora", &radixserve::DecodeStack::forward_lora);
 }

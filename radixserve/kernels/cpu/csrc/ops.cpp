@@ -1,5 +1,5 @@
 // Every native CPU op of radixserve, declared once: `torch.ops.radixserve_cpu.<name>`. One source per
-// op family implements them (paged_attention.cpp, flash_attention.cpp, decoder_glue.cpp, quant_linear.cpp;
+// op family implements them (paged_attention.cpp, flash_attention.cpp, decoder_glue.cpp, quant_linear.cpp, lora_sgmv.cpp;
 // decode_stack.cpp adds the DecodeStack class); a new op is declared here and
 // implemented in its family's file (or a new one, listed in loader.py's SOURCES).
 #include <torch/library.h>
@@ -20,5 +20,7 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!) out) -> ()");
   // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5; m for kinds with
   // mins), n output rows, in 8-row interleaved groups: layout in quant_linear.h
+  // LoRA deltas of one projection, each row with its own adapter (lora_sgmv.cpp; layout: lora/lora_dense.py)
+  m.def("lora_sgmv(Tensor x, Tensor row_group, Tensor A, Tensor Bt, Tensor blocks, Tensor(a!) out) -> ()");
   m.def("quant_linear(Tensor x, int kind, int n, Tensor data, Tensor d, Tensor? m, Tensor? bias, Tensor(a!) out) -> ()");
 }

@@ -25,4 +25,8 @@ void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tenso
                             const at::Tensor& kv_idx, const at::Tensor& seq_lens, const at::Tensor& q_start,
                             const at::Tensor& q_lens, const at::Tensor& out, int64_t window, double softcap);
 
+// lora_sgmv.cpp: out[i] += B_g . (A_g . x[i]) for each row i of adapter g = row_group[i] (-1: none)
+void lora_sgmv(const at::Tensor& x, const at::Tensor& row_group, const at::Tensor& A, const at::Tensor& Bt,
+               const at::Tensor& blocks, at::Tensor& out);
+
 }  // namespace radixserve

@@ -1,0 +1,62 @@
+"""lora_sgmv (kernels/cpu/csrc/lora_sgmv.cpp): each row's own adapter delta on one projection equals the
+masked side-by-side GEMM pair (lora_dense.py's fallback) on random adapters of different ranks with stacked
+(block-diagonal) B; a row's delta is the same alone and batched (bit for bit); base rows get nothing; a block
+table outside the weights is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.kernels.cpu import load_cpu_ops
+
+ops, why = load_cpu_ops()
+pytestmark = pytest.mark.skipif(ops is None, reason=f"no C++ kernels: {why}")
+
+SHARDS = [(0, 40), (40, 12), (52, 12)]  # a small qkv: q rows, k rows, v rows
+IN = 37  # not a multiple of the kernel's 8 / 16 lanes
+
+
+def _adapters(ranks: list[int], seed: int = 0):
+    """A, B (block diagonal over SHARDS), Bt, blocks and col_group of adapters side by side."""
+    g = torch.Generator().manual_seed(seed)
+    out_f = sum(n for _, n in SHARDS)
+    A = torch.randn(sum(3 * r for r in ranks), IN, generator=g)
+    B = torch.zeros(out_f, A.shape[0])
+    blocks, col = [], 0
+    for a, r in enumerate(ranks):
+        for o0, on in SHARDS:
+            B[o0 : o0 + on, col : col + r] = torch.randn(on, r, generator=g)
+            blocks.append([a, o0, on, col, r])
+            col += r
+    col_group = torch.cat([torch.full((3 * r,), a) for a, r in enumerate(ranks)])
+    return A, B, B.t().contiguous(), torch.tensor(blocks), col_group
+
+
+def test_equals_the_masked_gemm_pair_and_is_batch_invariant() -> None:
+    A, B, Bt, blocks, col_group = _adapters([5, 16, 3, 9])
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(21, IN, generator=g)
+    rows = torch.tensor([0, 1, 2, 3, -1] * 4 + [2])
+    base = torch.randn(21, B.shape[0], generator=g)
+    out = base.clone()
+    ops.lora_sgmv(x, rows, A, Bt, blocks, out)
+    mask = (rows[:, None] == col_group[None, :]).float()
+    want = base + ((x @ A.t()) * mask) @ B.t()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[rows == -1], base[rows == -1])  # base rows: untouched
+    for i in (0, 3, 7, 20):
+        alone = base[i : i + 1].clone()
+        ops.lora_sgmv(x[i : i + 1].clone(), rows[i : i + 1].clone(), A, Bt, blocks, alone)
+        assert torch.equal(alone[0], out[i]), i
+
+
+def test_bad_block_tables_and_shapes_are_refused() -> None:
+    A, _, Bt, blocks, _ = _adapters([4])
+    x, out, rows = torch.randn(2, IN), torch.zeros(2, Bt.shape[1]), torch.tensor([0, 0])
+    with pytest.raises(RuntimeError, match="lies outside"):
+        ops.lora_sgmv(x, rows, A, Bt, torch.tensor([[0, 60, 10, 0, 4]]), out)
+    with pytest.raises(RuntimeError, match="Bt must be"):
+        ops.lora_sgmv(x, rows, A, Bt.t().contiguous(), blocks, out)
+    with pytest.raises(RuntimeError, match="row_group"):
+        ops.lora_sgmv(x, torch.tensor([0]), A, Bt, blocks, out)
