@@ -100,7 +100,7 @@ def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats
     adapters = [LoRAAdapter(LoRAConfig(f"x{k}", "", rank, 2.0 * rank, False, None), k + 1,
                             {n: _weights(*stacked[n.split(".")[1]], rank) for n in names}) for k in range(num)]
     batch = LoRABatch.build([adapters[i % num] for i in range(rows)], [1] * rows, torch.device("cpu"),
-                            torch_lora_apply, DenseCache(load_cpu_ops()[0]))  # lora_sgmv where it runs
+                            torch_lora_apply, DenseCache(torch.float32, load_cpu_ops()[0]))  # lora_sgmv where it runs
     assert batch is not None
     xs = {n: torch.randn(rows, i) for n, (shards, i) in stacked.items()}
     outs = {n: torch.zeros(rows, sum(shards)) for n, (shards, i) in stacked.items()}

@@ -79,8 +79,8 @@ def torch_lora_apply(x: torch.Tensor, rows: torch.Tensor | slice, w: LoRAWeights
     rows is a slice when the group's rows are contiguous (no gather, no scatter)."""
     xs = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
     t = xs.to(w.A.dtype) @ w.A.t()  # [n_rows, rank]
-    if w.reduce:  # row-parallel: partial sums over this rank's input features
-        t = ps.all_reduce(t)
+    if w.reduce:  # row-parallel: partial sums over this rank's input features (summed in float32)
+        t = ps.all_reduce(t.float()).to(w.B.dtype)
     delta = (t @ w.B.t()).to(out.dtype)  # [n_rows, out]
     if isinstance(rows, slice):
         out[rows] += delta

@@ -45,14 +45,15 @@ class DenseWeights:
     Bt: torch.Tensor | None = None  # [sum of ranks, out]: B transposed, what lora_sgmv reads (DenseCache.ops)
 
 
-def concat_adapters(adapters: list[LoRAAdapter], transposed: bool = False) -> dict[str, DenseWeights]:
-    """Module -> the side-by-side weights of `adapters` (in this order: group g = adapters[g])."""
+def concat_adapters(adapters: list[LoRAAdapter], dtype: torch.dtype, transposed: bool = False) -> dict[str, DenseWeights]:
+    """Module -> the side-by-side weights of `adapters` (in this order: group g = adapters[g]), in `dtype` (the
+    activations': the adapters themselves may be held in the float GEMMs' bf16)."""
     out: dict[str, DenseWeights] = {}
     names = sorted({n for a in adapters for n in a.weights})
     for name in names:
         parts = [(g, a.weights[name]) for g, a in enumerate(adapters) if name in a.weights]
-        A = torch.cat([w.A for _, w in parts], dim=0).contiguous()
-        B = torch.cat([w.B for _, w in parts], dim=1).contiguous()
+        A = torch.cat([w.A for _, w in parts], dim=0).to(dtype).contiguous()
+        B = torch.cat([w.B for _, w in parts], dim=1).to(dtype).contiguous()
         cols = torch.cat([torch.full((w.A.shape[0],), g, dtype=torch.int64) for g, w in parts]).to(A.device)
         blocks, col = [], 0
         for g, w in parts:
@@ -97,15 +98,16 @@ class DenseLoRA:
 class DenseCache:
     """The last set of adapters laid side by side (rebuilt when the set changes)."""
 
-    def __init__(self, ops: Any = None) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32, ops: Any = None) -> None:
         self.key: tuple[int, ...] | None = None
         self.weights: dict[str, DenseWeights] = {}
         self.ops = ops  # torch.ops.radixserve_cpu when lora_sgmv may run (CPU, kernels loaded, one rank)
+        self.dtype = dtype  # the activations'
 
     def get(self, adapters: list[LoRAAdapter]) -> dict[str, DenseWeights]:
         key = tuple(a.uid for a in adapters)
         if key != self.key:
-            self.key, self.weights = key, concat_adapters(adapters, transposed=self.ops is not None)
+            self.key, self.weights = key, concat_adapters(adapters, self.dtype, transposed=self.ops is not None)
         return self.weights
 
     def drop(self) -> None:

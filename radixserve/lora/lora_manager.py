@@ -73,7 +73,8 @@ class _Registration:
 
 class LoRAManager:
     def __init__(self, model: nn.Module, paths: dict[str, str], max_rank: int, max_loaded: int,
-                 dtype: torch.dtype, device: torch.device, ps: object = None, cpu_ops: Any = None) -> None:
+                 dtype: torch.dtype, device: torch.device, ps: object = None, cpu_ops: Any = None,
+                 act_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.max_rank = max_rank
         self.max_loaded = max_loaded
@@ -85,7 +86,7 @@ class LoRAManager:
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self.apply = torch_lora_apply
         # few-row steps (decode, verify): the adapters side by side, through lora_sgmv where it runs (lora_dense.py)
-        self.dense_cache = DenseCache(cpu_ops if device.type == "cpu" else None)
+        self.dense_cache = DenseCache(act_dtype or dtype, cpu_ops if device.type == "cpu" else None)
         self.said_layer_by_layer = False  # runner_setup.lora_batch_for logs the fallback once
         install_lora_hooks(model, ps)
         for name, path in paths.items():

@@ -22,8 +22,11 @@ def make_lora_manager(runner: ModelRunner) -> LoRAManager | None:
     if not args.enable_lora:
         return None
     cpu_ops = load_cpu_ops()[0] if runner.device.type == "cpu" else None  # lora_sgmv (kernels/cpu/)
+    # adapters are held in the float GEMMs' dtype (bf16 where --dtype auto picks it: the segmented prefill
+    # deltas then run bf16 GEMMs, as the float projections do); the few-row set is in the activations' dtype
     return LoRAManager(runner.model, parse_lora_paths(args.lora_paths), args.max_lora_rank,
-                       args.max_loaded_loras, runner.act_dtype, runner.device, runner.parallel_state, cpu_ops)
+                       args.max_loaded_loras, runner.dtype, runner.device, runner.parallel_state, cpu_ops,
+                       act_dtype=runner.act_dtype)
 
 
 def lora_batch_for(runner: ModelRunner, forward_batch: ForwardBatch) -> LoRABatch | None:
