@@ -27,7 +27,7 @@ from radixserve.bench import serving
 from radixserve.bench.common import print_kv, write_json
 from radixserve.bench.server_process import local_radixserve
 from radixserve.kernels.cpu import load_cpu_ops
-from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights
+from radixserve.lora.lora_adapter import LoRAAdapter, LoRAWeights, stack_shards
 from radixserve.lora.lora_batch import LoRABatch, torch_lora_apply
 from radixserve.lora.lora_config import LoRAConfig
 from radixserve.lora.lora_dense import DenseCache
@@ -73,16 +73,11 @@ def write_random_adapters(model_path: str, out_dir: str, num: int, rank: int, se
 
 
 def _weights(shards: list[int], in_f: int, rank: int) -> LoRAWeights:
-    """Random weights laid out as load_adapter lays a stacked projection's: B block diagonal over its shards
-    (output rows per shard: qkv's q, k, v; gate_up's gate, up), `rank` ranks each, the block table beside it."""
-    out_f = sum(shards)
-    A, B = torch.randn(rank * len(shards), in_f), torch.zeros(out_f, rank * len(shards))
-    blocks, o0 = [], 0
-    for k, rows in enumerate(shards):
-        B[o0 : o0 + rows, k * rank : (k + 1) * rank] = torch.randn(rows, rank)
-        blocks.append([o0, rows, k * rank, rank])
-        o0 += rows
-    return LoRAWeights(A, B, blocks=torch.tensor(blocks, dtype=torch.int64))
+    """Random weights of one projection laid out as load_adapter lays them (stack_shards): `rank` ranks per
+    stacked shard (output rows per shard: qkv's q, k, v; gate_up's gate, up)."""
+    starts = [sum(shards[:k]) for k in range(len(shards))]
+    pieces = [(o0, torch.randn(rank, in_f), torch.randn(rows, rank)) for o0, rows in zip(starts, shards)]
+    return stack_shards(pieces, sum(shards), 1.0, torch.float32, torch.device("cpu"))
 
 
 def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats: int = 20) -> float:

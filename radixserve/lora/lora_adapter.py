@@ -170,13 +170,14 @@ def build_adapter(config: LoRAConfig, pairs: dict[str, dict[str, torch.Tensor]],
     for ours, module_pieces in pieces.items():
         module = targets[ours]
         reduce = tp > 1 and isinstance(module, RowParallelLinear)
-        weights[ours] = _stack(module_pieces, module, config.scaling, dtype, device, reduce)
+        weights[ours] = stack_shards(module_pieces, module.weight_dims()[0], config.scaling, dtype, device, reduce)
     return LoRAAdapter(config, uid, weights)
 
 
-def _stack(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], module: PackableLinear, scaling: float,
-           dtype: torch.dtype, device: torch.device, reduce: bool) -> LoRAWeights:
-    out_f, _ = module.weight_dims()
+def stack_shards(pieces: list[tuple[int, torch.Tensor, torch.Tensor]], out_f: int, scaling: float,
+                 dtype: torch.dtype, device: torch.device, reduce: bool = False) -> LoRAWeights:
+    """One projection's weights from its shards' (first output row, A [r, in], B [rows, r]) pieces: A stacked,
+    B block diagonal over the shards (scaling folded in), and the block table lora_sgmv reads."""
     rank_sum = sum(a.shape[0] for _, a, _ in pieces)
     B = torch.zeros(out_f, rank_sum)  # [out, sum of ranks]: block diagonal over the stacked shards
     col, blocks = 0, []

@@ -124,7 +124,7 @@ class CpuGraphRunner:
         )
         pool = runner.token_to_kv_pool
         for i, layer in enumerate(inner.layers):
-            attn, mlp = layer.self_attn, layer.mlp
+            attn = layer.self_attn
             k_buf, v_buf = pool.get_kv_buffer(i)
             bias = attn.qkv_proj.bias.data if attn.qkv_proj.bias is not None else _EMPTY
             tensors = [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data, bias,
@@ -143,7 +143,7 @@ class CpuGraphRunner:
     def can_run(self, fb: ForwardBatch, lora: LoRABatch | None = None) -> bool:
         """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows; with
         adapter rows, when the step's adapters are laid side by side (few rows: LoRABatch.dense)."""
-        if lora is not None and lora.dense is None:
+        if lora is not None and (lora.dense is None or lora.dense.ops is None):  # the stack runs lora_sgmv's layout
             return False
         mode = fb.forward_mode
         rows = fb.input_ids.shape[0]
