@@ -151,6 +151,10 @@ class ServerArgs:
     stream_interval: int = _knob(1, "send streamed output every N tokens")
     # --- parallelism ---
     tp_size: int = _knob(1, "tensor-parallel ranks (processes) per pipeline stage")
+    ep_size: int = _knob(
+        1, "expert-parallel groups among the tp_size ranks (a mixture-of-experts model): each group holds "
+        "num_experts / ep_size whole experts, attention stays tensor-parallel over all tp_size; must divide tp_size"
+    )
     pp_size: int = _knob(
         1, "pipeline-parallel stages: the layers split into this many contiguous stages (embedding on the first, "
         "final norm + LM head on the last), each stage tp_size ranks; tp_size * pp_size <= 64"

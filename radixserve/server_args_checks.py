@@ -101,6 +101,9 @@ def check_server_args(args: ServerArgs) -> None:
     for name in ("tp_size", "pp_size"):
         if getattr(args, name) > MAX_RANKS:
             bad(name, f"must be <= {MAX_RANKS}, got {getattr(args, name)}")
+    if not 1 <= args.ep_size <= args.tp_size or args.tp_size % args.ep_size:
+        bad("ep_size", f"must divide tp_size ({args.tp_size}): experts are sharded across the tensor-parallel "
+            f"ranks, got {args.ep_size}")
     if args.ranks_per_replica > MAX_RANKS:
         bad("pp_size", f"tp_size * pp_size must be <= {MAX_RANKS}, got {args.tp_size} * {args.pp_size}")
     if args.dp_size > MAX_DP_SIZE or args.ranks_per_replica * args.dp_size > MAX_PROCESSES:

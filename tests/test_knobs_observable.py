@@ -51,6 +51,7 @@ SERVER_EVIDENCE: dict[str, str] = {
     "rpc_timeout": "tests/entrypoints/test_http_faults.py",
     "mem_fraction_static": "tests/test_server_args.py",  # GPU only: refused on a CPU
     "tp_size": "tests/distributed/test_tensor_parallel.py",
+    "ep_size": "tests/distributed/test_moe_parallel.py",
     "pp_size": "tests/distributed/test_pipeline_parallel.py",
     "dp_size": "tests/distributed/test_data_parallel.py",
     "load_balance_method": "tests/distributed/test_data_parallel.py",

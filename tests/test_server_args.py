@@ -15,6 +15,7 @@ from radixserve.server_args import ServerArgs
      ("device", "tpu"), ("grammar_backend", "outlines"), ("grammar_cache_size", 0), ("grammar_cache_size", 10**12),
      ("grammar_compile_timeout", 0), ("grammar_compile_timeout", 1e9), ("grammar_compile_timeout", float("nan")),
      ("tool_call_parser", "gpt-oss"), ("log_level", "loud"),
+     ("ep_size", 0), ("ep_size", 2), ("ep_size", 10**9),  # ep_size must divide tp_size (1 here)
      ("mem_fraction_static", 0.5)],  # a GPU's knob: on a CPU it would be ignored
 )
 def test_bad_value_names_the_field(field, value):

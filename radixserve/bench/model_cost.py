@@ -21,33 +21,56 @@ import torch
 
 from radixserve.bench.common import time_fn
 from radixserve.layers.linear import PackableLinear
+from radixserve.layers.moe import SparseMoeBlock
 
 
 def linear_layers(model: torch.nn.Module) -> list[PackableLinear]:
-    """The projections one decode step runs, in execution order (LM head last)."""
+    """The projections one decode step runs, in execution order (LM head last); a MoE layer's dense part
+    is its shared expert, if any (its routed experts: moe_blocks)."""
     mods: list[PackableLinear] = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        mods += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        mods += [attn.qkv_proj, attn.o_proj]
+        dense = mlp.shared_expert if isinstance(mlp, SparseMoeBlock) else mlp
+        if dense is not None:
+            mods += [dense.gate_up_proj, dense.down_proj]
     mods.append(model.lm_head)
     return mods
 
 
+def moe_blocks(model: torch.nn.Module) -> list[SparseMoeBlock]:
+    return [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
+
+
+def _active_expert_params(block: SparseMoeBlock) -> float:
+    """Routed-expert weights one token multiplies by: its top-k experts' gate, up and down."""
+    ex = block.experts
+    return block.top_k * 3 * ex.hidden_size * ex.inter_per_rank
+
+
 def layer_linear_params(model: torch.nn.Module) -> int:
-    """Weights of the decoder layers' linear layers (every token multiplies by all of them)."""
-    return sum(m.num_weight_params() for m in linear_layers(model)[:-1])
+    """Weights of the decoder layers' linear layers every token multiplies by (a MoE layer: its top-k
+    experts, not all of them)."""
+    dense = sum(m.num_weight_params() for m in linear_layers(model)[:-1])
+    return int(dense + sum(_active_expert_params(b) for b in moe_blocks(model)))
 
 
 def streamed_weight_bytes(model: torch.nn.Module, dtype: torch.dtype = torch.float32, low_bit: bool = False) -> int:
     """Weight bytes a decode step must read: every projection and the LM head (the embedding lookup
-    touches a few rows only, so a tied embedding is not counted twice). `low_bit`: a few-row step of
+    touches a few rows only, so a tied embedding is not counted twice), and of a MoE layer's routed experts
+    the top-k a batch-1 token chooses. `low_bit`: a few-row step of
     a runner with low-bit copies reads those (data + scales) instead of the float weights."""
     size = torch.empty(0, dtype=dtype).element_size()
-    total = 0
+    total = 0.0
     for m in linear_layers(model):
         qw = getattr(m, "qweight", None)
         total += qw.nbytes() if low_bit and qw is not None else m.num_weight_params() * size
-    return total
+    for b in moe_blocks(model):  # one token reads its top-k experts' share of the layer's expert bytes
+        ex = b.experts
+        held = ex.low_bit_nbytes() if low_bit and ex.low_bit is not None else 3 * ex.num_local * ex.hidden_size * \
+            ex.inter_per_rank * size
+        total += held * b.top_k / b.num_experts
+    return int(total)
 
 
 def prefill_flops(cfg: Any, model: torch.nn.Module, prompt_len: int, num_reqs: int = 1) -> float:

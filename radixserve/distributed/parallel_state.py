@@ -47,6 +47,22 @@ class ParallelState:
     layout: RankLayout = field(default_factory=RankLayout)
     pp_group: Any = None  # this TP shard's ranks across the stages
     cpu_group: Any = None  # gloo over the world (None = the default group, which is gloo on CPU)
+    # expert parallelism (ServerArgs.ep_size, dividing tp_size): the TP ranks form ep_size groups of
+    # tp_size / ep_size consecutive ranks; group i holds the i-th slice of whole experts, and within it the
+    # experts' intermediate dimension is cut across the group's ranks (layers/moe/experts.py)
+    ep_size: int = 1
+
+    @property
+    def moe_tp_size(self) -> int:
+        return self.tp_size // self.ep_size
+
+    @property
+    def ep_rank(self) -> int:
+        return self.tp_rank // self.moe_tp_size
+
+    @property
+    def moe_tp_rank(self) -> int:
+        return self.tp_rank % self.moe_tp_size
 
     # ------------------------------------------------------------------ tensor parallel (the layers)
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,11 +138,14 @@ class ParallelState:
 
 def init_parallel_state(
     rank: int, layout: RankLayout, dist_init_addr: str | None, device: str = "cpu", timeout_s: float = 600.0,
-    connect_timeout_s: float = 120.0,
+    connect_timeout_s: float = 120.0, ep_size: int = 1,
 ) -> ParallelState:
     """Join the replica's torch.distributed groups (a no-op with one rank).
 
     Every rank creates every group in the same order (torch.distributed requires it, members or not)."""
+    if layout.tp_size % ep_size:
+        raise ValueError(f"ep_size ({ep_size}) must divide tp_size ({layout.tp_size}): experts are sharded across "
+                         "the tensor-parallel ranks")
     if layout.world_size == 1:
         return ParallelState()
     if dist_init_addr is None:
@@ -154,4 +173,5 @@ def init_parallel_state(
             g = dist.new_group(layout.pipe_ranks(t), timeout=timeout)
             pp_group = g if t == tp_rank else pp_group
     return ParallelState(tp_rank=tp_rank, tp_size=layout.tp_size, group=tp_group, pp_rank=pp_rank,
-                         pp_size=layout.pp_size, rank=rank, layout=layout, pp_group=pp_group, cpu_group=cpu_group)
+                         pp_size=layout.pp_size, rank=rank, layout=layout, pp_group=pp_group, cpu_group=cpu_group,
+                         ep_size=ep_size)

@@ -82,13 +82,14 @@ def stage_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
     return range(start, start + base + (1 if pp_rank < extra else 0))
 
 
-def check_model_fits(cfg: ModelConfig, tp_size: int, pp_size: int) -> None:
+def check_model_fits(cfg: ModelConfig, tp_size: int, pp_size: int, ep_size: int = 1) -> None:
     """ValueError naming the sizes when this model cannot be split tp_size x pp_size.
 
     Heads split evenly over the TP ranks (KV heads may instead be replicated when there are fewer of them
     than ranks, so tp_size must then be a multiple of them), as do the MLP's rows. The vocabulary is
     padded up to a multiple of tp_size (VocabParallelEmbedding), so it never needs to divide. Every
-    pipeline stage needs at least one layer."""
+    pipeline stage needs at least one layer. With expert parallelism the experts split over ep_size groups
+    and each expert's intermediate dimension over the tp_size / ep_size ranks of a group."""
     def divides(n: int, what: str) -> None:
         if n % tp_size:
             raise ValueError(f"{what} ({n}) is not divisible by tp_size ({tp_size})")
@@ -100,10 +101,17 @@ def check_model_fits(cfg: ModelConfig, tp_size: int, pp_size: int) -> None:
         raise ValueError(f"tp_size ({tp_size}) is neither a divisor nor a multiple of the kv heads "
                          f"({cfg.num_key_value_heads})")
     divides(cfg.intermediate_size, "MLP intermediate size")
-    if cfg.num_experts:  # every expert's intermediate dimension splits like the dense MLP's
+    if ep_size > 1 and not cfg.num_experts:
+        raise ValueError(f"ep_size ({ep_size}) needs a mixture-of-experts model; this one has no experts")
+    if cfg.num_experts and cfg.num_experts % ep_size:
+        raise ValueError(f"the model's {cfg.num_experts} experts are not divisible by ep_size ({ep_size})")
+    if cfg.num_experts and ep_size == 1:  # every expert's intermediate dimension splits like the dense MLP's
         divides(cfg.moe_intermediate_size, "expert intermediate size")
-        if cfg.shared_expert_intermediate_size:
-            divides(cfg.shared_expert_intermediate_size, "shared expert intermediate size")
+    elif cfg.num_experts and cfg.moe_intermediate_size % (tp_size // ep_size):
+        raise ValueError(f"expert intermediate size ({cfg.moe_intermediate_size}) is not divisible by "
+                         f"tp_size / ep_size ({tp_size} / {ep_size})")
+    if cfg.shared_expert_intermediate_size:  # the shared expert is a dense MLP, cut over every TP rank
+        divides(cfg.shared_expert_intermediate_size, "shared expert intermediate size")
     if pp_size > cfg.num_hidden_layers:
         raise ValueError(f"pp_size ({pp_size}) is larger than the model's {cfg.num_hidden_layers} layers "
                          "(every pipeline stage needs at least one)")

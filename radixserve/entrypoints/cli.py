@@ -16,7 +16,7 @@ from radixserve.server_args import ServerArgs
 BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "serving-peer": "serving_peer",
               "offline": "offline", "baseline": "baseline", "peer": "peer", "accuracy": "accuracy",
               "speculative": "speculative", "grammar": "grammar", "dashboard": "dashboard", "dp": "data_parallel",
-              "collectives": "collectives", "embeddings": "embeddings", "lora": "lora_serving"}
+              "collectives": "collectives", "embeddings": "embeddings", "lora": "lora_serving", "moe": "moe"}
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -181,7 +181,7 @@ def start_scheduler(server_args: ServerArgs, from_scheduler: str | None = None, 
     fires when the thread that spawned it ends) without waiting for them to load."""
     layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
     cfg = get_model_config(server_args.resolved_model_path(), server_args.context_length)
-    check_model_fits(cfg, layout.tp_size, layout.pp_size)
+    check_model_fits(cfg, layout.tp_size, layout.pp_size, server_args.ep_size)
     store = None
     if layout.world_size > 1:
         if server_args.dist_init_addr is None:

@@ -83,6 +83,29 @@ def quant_rows_mode(ops: Any, max_rows: int | None = None) -> Iterator[None]:
         _LOW_BIT.reset(token)
 
 
+def low_bit_mode() -> LowBitMode | None:
+    """The low-bit mode of the forward running now (None: float weights only); every layer with a
+    low-bit copy asks this one function."""
+    return _LOW_BIT.get()
+
+
+class LowBitHolder(nn.Module):
+    """A layer other than a projection that keeps low-bit weights beside (or instead of) its float ones,
+    so the model-wide rules below (release, bytes, "has floats") cover it: MoE experts (layers/moe)."""
+
+    def has_low_bit(self) -> bool:
+        raise NotImplementedError
+
+    def has_float(self) -> bool:
+        raise NotImplementedError
+
+    def release_float(self) -> None:
+        raise NotImplementedError
+
+    def low_bit_nbytes(self) -> int:
+        raise NotImplementedError
+
+
 def onednn_linear_available(dtype: torch.dtype = torch.float32) -> bool:
     """True when this torch build has oneDNN's packed linear for `dtype` on this CPU (x86 CPU wheels do
     for float32; bf16 / fp16 need the CPU's native support, e.g. AVX512-BF16 / AMX, which oneDNN checks)."""
@@ -144,7 +167,7 @@ class PackableLinear(nn.Module):
             self.gemm_weight = self.weight.detach().to(dtype)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        mode = _LOW_BIT.get()
+        mode = low_bit_mode()
         qw = self.qweight
         if mode is not None and qw is not None and x.dim() == 2 and (mode.max_rows is None
                                                                      or x.shape[0] <= mode.max_rows):
@@ -214,6 +237,8 @@ def model_weight_bytes(model: nn.Module) -> int:
             total += mod.gemm_weight.numel() * mod.gemm_weight.element_size()
         if isinstance(mod, PackableLinear) and mod.qweight is not None:
             total += mod.qweight.nbytes()
+        if isinstance(mod, LowBitHolder):
+            total += mod.low_bit_nbytes()
     return total
 
 
@@ -239,12 +264,16 @@ def release_float_weights(model: nn.Module) -> int:
                 continue
             mod.release_float()
             count += 1
+        elif isinstance(mod, LowBitHolder) and mod.has_low_bit() and mod.has_float():
+            mod.release_float()
+            count += 1
     return count
 
 
 def has_float_weights(model: nn.Module) -> bool:
-    """False when some projection kept only its low-bit copy (release_float_weights)."""
-    return all(m.weight is not None or m.packed is not None for m in model.modules() if isinstance(m, PackableLinear))
+    """False when some projection (or expert layer) kept only its low-bit copy (release_float_weights)."""
+    return all(m.weight is not None or m.packed is not None for m in model.modules() if isinstance(m, PackableLinear)) \
+        and all(m.has_float() for m in model.modules() if isinstance(m, LowBitHolder))
 
 
 def prepare_float_weights(model: nn.Module, backend: str, dtype: torch.dtype, low_bit_only: bool = False) -> int:

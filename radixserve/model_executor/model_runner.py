@@ -114,10 +114,11 @@ class ModelRunner:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_procs))
         self.model_path = server_args.resolved_model_path()
         self.model_config = get_model_config(self.model_path, server_args.context_length)
-        check_model_fits(self.model_config, self.tp_size, self.pp_size)  # the launcher checked before starting us
+        # the launcher checked before starting us
+        check_model_fits(self.model_config, self.tp_size, self.pp_size, server_args.ep_size)
         self.parallel_state = parallel_state or init_parallel_state(
             rank, layout, server_args.dist_init_addr, server_args.device, server_args.dist_timeout,
-            server_args.dist_init_timeout,
+            server_args.dist_init_timeout, server_args.ep_size,
         )
         self.stage_layers = self.parallel_state.stage_layers(self.model_config.num_hidden_layers)
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)

@@ -143,7 +143,7 @@ def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
 def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
     """`hf_name -> (ggml type name, raw block rows)` for every parameter of a GGUF file.
 
-    The rows are uint8 [out, bytes per row] copies of the file's own blocks (q/k projections un-permuted
+    The rows are uint8 [out, bytes per row] ([experts, out, bytes per row] for 3-D expert tensors) copies of the file's own blocks (q/k projections un-permuted
     to HF order like the float weights; a row permutation moves whole rows of blocks, so it is exact),
     for the types `--quantization auto` packs without loss (gguf_formats.EXACT_TYPES). Other types map to
     (type name, None): the caller decides what to do with their float weights.
@@ -154,11 +154,12 @@ def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
         tensor = f.tensors[gguf_name]
         qtype = tensor.tensor_type.name
         shape = f.hf_shape(gguf_name)
-        if qtype not in EXACT_TYPES or len(shape) != 2:
+        if qtype not in EXACT_TYPES or len(shape) not in (2, 3):
             out[hf_name] = (qtype, None)
             continue
-        # a copy: the memmap is read-only, and the kernels' layout is derived from these rows
-        rows = torch.from_numpy(np.array(tensor.data).reshape(shape[0], -1))
+        # a copy: the memmap is read-only, and the kernels' layout is derived from these rows; a MoE
+        # layer's stacked experts keep their leading expert dimension ([experts, out, row bytes])
+        rows = torch.from_numpy(np.array(tensor.data).reshape(*shape[:-1], -1))
         out[hf_name] = (qtype, rows if heads is None else unpermute_rows(rows, heads))
     return out
 

@@ -90,6 +90,9 @@ for kv in (torch.float32, torch.bfloat16):
         ref = F.scaled_dot_product_attention(q2[st:st + n].transpose(0, 1), kb, vb, attn_mask=mask).transpose(0, 1)
         torch.testing.assert_close(o2[st:st + n], ref, atol=1e-5, rtol=1e-4)
         st += n
+# the fused MoE experts on every exact GGUF type (tests/layers/test_fused_experts.py's check)
+from tests.layers.test_fused_experts import check_every_kind
+check_every_kind()
 print("ISA", loaded_isa())
 """
 

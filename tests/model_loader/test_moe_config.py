@@ -72,3 +72,17 @@ def test_tp_must_divide_the_experts() -> None:
     check_model_fits(c, 2, 1)
     with pytest.raises(ValueError, match=r"expert intermediate size \(30\) is not divisible by tp_size \(4\)"):
         check_model_fits(c, 4, 1)
+    # expert parallel: whole experts over ep_size groups, each expert's rows over tp_size / ep_size ranks
+    wide = {**BASE, **QWEN3, "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 96 * 16,
+            "moe_intermediate_size": 30}
+    c = ModelConfig.from_hf_config(wide)
+    check_model_fits(c, 4, 1, ep_size=2)
+    check_model_fits(c, 8, 1, ep_size=8)
+    with pytest.raises(ValueError, match=r"expert intermediate size \(30\) is not divisible by tp_size / ep_size "
+                                         r"\(8 / 2\)"):
+        check_model_fits(c, 8, 1, ep_size=2)
+    with pytest.raises(ValueError, match=r"the model's 8 experts are not divisible by ep_size \(16\)"):
+        check_model_fits(c, 16, 1, ep_size=16)
+    dense = cfg(architectures=["LlamaForCausalLM"])
+    with pytest.raises(ValueError, match=r"ep_size \(2\) needs a mixture-of-experts model"):
+        check_model_fits(dense, 2, 1, ep_size=2)

@@ -59,8 +59,10 @@ def _tensors(model, arch: str):
             yield f"blk.{layer}.{_STEMS[module]}.{suffix}", value
 
 
-def write_moe_gguf(model, arch: str, path, meta: dict | None = None, drop: str | None = None) -> None:
-    """The GGUF of `model`; `meta` overrides metadata values (a lying file), `drop` leaves a tensor out."""
+def write_moe_gguf(model, arch: str, path, meta: dict | None = None, drop: str | None = None,
+                   quant: dict[str, str] | None = None) -> None:
+    """The GGUF of `model`; `meta` overrides metadata values (a lying file), `drop` leaves a tensor out,
+    `quant` stores the tensors whose stem it names (`ffn_gate_exps`) in that GGML type (gguf.quants)."""
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -80,7 +82,11 @@ def write_moe_gguf(model, arch: str, path, meta: dict | None = None, drop: str |
     w.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
     for name, value in _tensors(model, arch):
-        if name != drop:
+        qtype = (quant or {}).get(name.split(".")[-2]) if name.startswith("blk.") else None
+        if qtype is not None:
+            t = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(value), t), raw_dtype=t)
+        elif name != drop:
             w.add_tensor(name, np.ascontiguousarray(value))
     w.write_header_to_file()
     w.write_kv_data_to_file()

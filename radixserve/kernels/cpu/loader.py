@@ -7,6 +7,7 @@
     csrc/quant_linear.cpp      quant_linear (Q8_0 / Q4_1 weights x block-quantised int8 activations)
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
     csrc/lora_sgmv.cpp         lora_sgmv (each row's own LoRA adapter delta on one projection)
+    csrc/fused_experts.cpp     fused_experts (a MoE layer's routed experts on their stacked low-bit blocks)
     csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h)
 
 The variant is chosen at run time from what *this* CPU reports (/proc/cpuinfo flags), never from
@@ -42,7 +43,7 @@ ISA_ENV = "RADIXSERVE_CPU_ISA"
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "flash_attention.cpp",
                                                   "decoder_glue.cpp", "quant_linear.cpp", "decode_stack.cpp",
-                                                  "lora_sgmv.cpp")]
+                                                  "lora_sgmv.cpp", "fused_experts.cpp")]
 
 HEADERS = sorted(os.path.join(_CSRC, f) for f in os.listdir(_CSRC) if f.endswith(".h"))
 

@@ -1,8 +1,10 @@
 """SparseMoeBlock: the MLP of a mixture-of-experts decoder layer.
 
     router     logits = x W_g^T (replicated on every rank, float32), softmax top-k (router.py)
-    experts    the top-k experts' gated MLPs, weighted and summed (fused_experts.py), each rank its
-               slice of every expert's intermediate dimension, then one all-reduce
+    experts    the top-k experts' gated MLPs, weighted and summed: on their low-bit blocks through
+               csrc/fused_experts.cpp when the step runs low-bit, else in PyTorch (fused_experts.py);
+               each rank its experts (expert parallel) and its slice of their intermediate dimension,
+               then one all-reduce
     shared     Qwen2-MoE: + sigmoid(x w_s^T) * shared_expert(x), a dense gated MLP every token runs
 
 transformers' Qwen3MoeSparseMoeBlock / OlmoeSparseMoeBlock / Qwen2MoeSparseMoeBlock / MixtralSparseMoeBlock
@@ -17,14 +19,16 @@ from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
 from radixserve.layers.activation import gated_activation
-from radixserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from radixserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear, low_bit_mode
 from radixserve.layers.moe.expert_load import ExpertLoad
 from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.moe.fused_experts import fused_experts
-from radixserve.layers.moe.router import softmax_topk
+from radixserve.layers.moe.router import TopKRouting, softmax_topk
 
 if TYPE_CHECKING:
     from radixserve.model_loader.model_config import ModelConfig
+
+KERNEL_ACTS = {"silu": 0, "gelu_tanh": 1}  # ModelConfig.hidden_act -> csrc/fused_experts.cpp's act
 
 
 class SharedExpertMLP(nn.Module):
@@ -52,6 +56,7 @@ class SparseMoeBlock(nn.Module):
         self.gate.weight.requires_grad_(False)
         self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, ps)
         self.act = gated_activation(cfg.hidden_act)
+        self.kernel_act = KERNEL_ACTS[cfg.hidden_act]
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = SharedExpertMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size,
@@ -62,10 +67,26 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         routing = softmax_topk(self.gate(x), self.top_k, self.renormalize)
-        out, counts = fused_experts(x, self.experts.w13, self.experts.w2, routing, self.act, self.num_experts)
+        out, counts = self._experts(x, routing)
         out = self.ps.all_reduce(out)
         if self.expert_load is not None:
             self.expert_load.add(self.layer_id, counts)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def _experts(self, x: torch.Tensor, routing: TopKRouting) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's experts' share of the output, and the step's tokens per (global) expert."""
+        ex, mode = self.experts, low_bit_mode()
+        if ex.low_bit is not None and mode is not None and x.dtype == torch.float32 and \
+                (mode.max_rows is None or x.shape[0] <= mode.max_rows):
+            w13, w2 = ex.low_bit
+            out = torch.empty_like(x)
+            mode.ops.fused_experts(x.contiguous(), routing.ids.contiguous(), routing.weights.contiguous(),
+                                   ex.expert_offset, w13.kind, w13.n, w13.data, w13.d, w13.m, w2.kind, w2.data,
+                                   w2.d, w2.m, self.kernel_act, out)
+            return out, torch.bincount(routing.ids.reshape(-1), minlength=self.num_experts)
+        if ex.w13 is None or ex.w2 is None:
+            raise RuntimeError("these experts keep only their low-bit copy (their float weights were released), "
+                               "but the step did not run in a low-bit mode")
+        return fused_experts(x, ex.w13, ex.w2, routing, self.act, self.num_experts, ex.expert_offset)

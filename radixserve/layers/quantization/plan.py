@@ -10,6 +10,8 @@
            join of their kinds (qweight.join_kinds: exact too); a float tensor among low-bit ones makes
            the whole projection re-quantise to Q8_0.
            a Hugging Face folder: float, no low-bit copy.
+           MoE experts (FusedMoE) the same way from the file's 3-D ffn_{gate,up,down}_exps blocks, expert by
+           expert (a 3-D tensor has one type, so every expert of a projection gets one kind).
     int8   every projection and the LM head quantised to Q8_0 at load (absmax per 32-block)
     int4   every projection and the LM head quantised to Q4_1 at load (min/max per 32-block)
     none   float only (the exact mode)
@@ -29,11 +31,13 @@ import torch
 from torch import nn
 
 from radixserve.layers.linear import PackableLinear
+from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.qweight import (
     KIND_NAMES,
     QKIND_Q4_1,
     QKIND_Q8_0,
+    ExpertQuantWeight,
     QuantRows,
     QuantWeight,
     join_kinds,
@@ -79,6 +83,9 @@ def quantize_model(
         return report
     seen: set[int] = set()
     for name, mod in model.named_modules():
+        if isinstance(mod, FusedMoE):
+            _plan_experts(name, mod, mode, gguf_blocks, report)
+            continue
         if not isinstance(mod, PackableLinear) or id(mod) in seen:
             continue
         seen.add(id(mod))
@@ -122,3 +129,54 @@ def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[tuple[str, object
     report.requantized.append(f"{name} ({types} -> {KIND_NAMES[want]})")
     report.requantized_by_type.setdefault(types, []).append(name)
     return QuantWeight.quantize(dense(mod), want, name)
+
+
+def _plan_experts(name: str, mod: FusedMoE, mode: str,
+                  gguf_blocks: dict[str, tuple[str, torch.Tensor | None]] | None, report: QuantReport) -> None:
+    """FusedMoE's low-bit copy (ExpertQuantWeight for gate_up and down) by the same rules as a projection's."""
+    assert mod.w13 is not None and mod.w2 is not None
+    local = range(mod.expert_offset, mod.expert_offset + mod.num_local)
+    want: int | None = {"int8": QKIND_Q8_0, "int4": QKIND_Q4_1}.get(mode)
+    if want is None:  # auto: the file's own blocks
+        assert gguf_blocks is not None
+        entries = [gguf_blocks.get(f"{name}.{p}_proj.weight") for p in ("gate", "up", "down")]
+        if any(e is None for e in entries):
+            return  # not from the file (should not happen): keep float
+        fmts = [FORMATS[qt] for qt, _ in entries]  # type: ignore[misc]
+        types = "+".join(sorted({f.name for f in fmts}))
+        if all(f.handling == "float" for f in fmts):
+            report.float_layers[types] = report.float_layers.get(types, 0) + 2
+            return
+        if all(f.handling == "exact" and rows is not None for f, (_, rows) in zip(fmts, entries)):  # type: ignore[misc]
+            def expert_rows(i: int, e: int) -> QuantRows:
+                (_, blocks), part = entries[i], ("gate", "up", "down")[i]  # type: ignore[misc]
+                src = f"{name}.{part}_proj.weight[{e}]"
+                return mod.shard_rows(part, fmts[i].rows(blocks[e], src), src)  # type: ignore[index]
+
+            gate_up = [_joined(expert_rows(0, e), expert_rows(1, e)) for e in local]
+            down = [expert_rows(2, e) for e in local]
+            _set_experts(mod, gate_up, down, report)
+            return
+        targets = [QKIND_Q8_0 if f.handling == "float" else f.kind if f.handling == "exact" else f.requant_kind
+                   for f in fmts]
+        want = QKIND_Q8_0 if any(KIND_NAMES[t] != "Q4_1" for t in targets) else QKIND_Q4_1  # type: ignore[index]
+        report.requantized.append(f"{name} ({types} -> {KIND_NAMES[want]})")
+        report.requantized_by_type.setdefault(types, []).append(name)
+    w13, w2 = mod.w13, mod.w2
+    _set_experts(mod, [QuantRows.quantize(w13[e], want, f"{name}.w13[{e}]") for e in range(mod.num_local)],
+                 [QuantRows.quantize(w2[e], want, f"{name}.w2[{e}]") for e in range(mod.num_local)], report)
+
+
+def _joined(a: QuantRows, b: QuantRows) -> QuantRows:
+    """gate rows then up rows in the join of their kinds (exact: join_kinds)."""
+    kind = join_kinds([a.kind, b.kind])
+    return QuantRows.cat([a.promote(kind), b.promote(kind)])
+
+
+def _set_experts(mod: FusedMoE, gate_up: list[QuantRows], down: list[QuantRows], report: QuantReport) -> None:
+    w13 = ExpertQuantWeight.stack([QuantWeight.from_rows(r) for r in gate_up])
+    w2 = ExpertQuantWeight.stack([QuantWeight.from_rows(r) for r in down])
+    mod.set_low_bit(w13, w2)
+    for w in (w13, w2):
+        report.counts[w.name] = report.counts.get(w.name, 0) + 1
+        report.bytes += w.nbytes()

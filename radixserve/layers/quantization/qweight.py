@@ -261,3 +261,45 @@ class QuantWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 [N, K] weights these blocks represent (the kernels' reference)."""
         return self.to_rows().dequantize()
+
+
+@dataclass
+class ExpertQuantWeight:
+    """One projection of every expert a MoE layer holds, stacked for csrc/fused_experts.cpp: row e of
+    data / d / m is expert e's QuantWeight tensors flattened (same kind and shape for every expert: a
+    GGUF's 3-D expert tensor has one type)."""
+
+    kind: int
+    n: int
+    k: int
+    data: torch.Tensor  # [experts, one expert's data numel]
+    d: torch.Tensor  # float32 [experts, one expert's scales]
+    m: torch.Tensor | None = None
+
+    @staticmethod
+    def stack(weights: list[QuantWeight]) -> ExpertQuantWeight:
+        first = weights[0]
+        for w in weights:
+            if (w.kind, w.n, w.k) != (first.kind, first.n, first.k):
+                raise ValueError(f"experts of one projection differ: {w.name} {w.n}x{w.k} vs "
+                                 f"{first.name} {first.n}x{first.k}")
+        m = torch.stack([w.m.reshape(-1) for w in weights]) if first.m is not None else None  # type: ignore[union-attr]
+        return ExpertQuantWeight(first.kind, first.n, first.k, torch.stack([w.data.reshape(-1) for w in weights]),
+                                 torch.stack([w.d.reshape(-1) for w in weights]), m)
+
+    @property
+    def name(self) -> str:
+        return KIND_NAMES[self.kind]
+
+    @property
+    def num_experts(self) -> int:
+        return self.data.shape[0]
+
+    def expert(self, e: int) -> QuantWeight:
+        """Expert e's blocks as a QuantWeight (views; tests and the reference)."""
+        g = -(-self.n // QROWS)
+        return QuantWeight(self.kind, self.n, self.k, self.data[e].view(g, -1), self.d[e].view(g, -1),
+                           None if self.m is None else self.m[e].view(g, -1))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.d, self.m) if t is not None)

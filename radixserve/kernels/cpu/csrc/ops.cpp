@@ -1,5 +1,5 @@
 // Every native CPU op of radixserve, declared once: `torch.ops.radixserve_cpu.<name>`. One source per
-// op family implements them (paged_attention.cpp, flash_attention.cpp, decoder_glue.cpp, quant_linear.cpp, lora_sgmv.cpp;
+// op family implements them (paged_attention.cpp, flash_attention.cpp, decoder_glue.cpp, quant_linear.cpp, lora_sgmv.cpp, fused_experts.cpp;
 // decode_stack.cpp adds the DecodeStack class); a new op is declared here and
 // implemented in its family's file (or a new one, listed in loader.py's SOURCES).
 #include <torch/library.h>
@@ -18,9 +18,14 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
   m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!) out) -> ()");
-  // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5; m for kinds with
-  // mins), n output rows, in 8-row interleaved groups: layout in quant_linear.h
   // LoRA deltas of one projection, each row with its own adapter (lora_sgmv.cpp; layout: lora/lora_dense.py)
   m.def("lora_sgmv(Tensor x, Tensor row_group, Tensor A, Tensor Bt, Tensor blocks, Tensor(a!) out) -> ()");
+  // a MoE layer's routed experts on their stacked low-bit blocks ([experts, ...] per projection, kinds as
+  // quant_linear's; act 0 = silu, 1 = gelu_tanh): fused_experts.cpp
+  m.def("fused_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, int expert_offset, int kind13, int n13, "
+        "Tensor data13, Tensor d13, Tensor? m13, int kind2, Tensor data2, Tensor d2, Tensor? m2, int act, "
+        "Tensor(a!) out) -> ()");
+  // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5; m for kinds with
+  // mins), n output rows, in 8-row interleaved groups: layout in quant_linear.h
   m.def("quant_linear(Tensor x, int kind, int n, Tensor data, Tensor d, Tensor? m, Tensor? bias, Tensor(a!) out) -> ()");
 }

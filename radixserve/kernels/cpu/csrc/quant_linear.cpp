@@ -383,6 +383,12 @@ void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int
   }
 }
 
+void qgemm_range(const QMat& w, const Q8ActRows& a, float* out, int64_t ldo, int64_t g0, int64_t g1, int64_t r0,
+                 int64_t r1) {
+  constexpr int64_t kRowChunk = 64;  // as qgemm: a chunk's activations stay in L2 across the groups
+  for (int64_t c0 = r0; c0 < r1; c0 += kRowChunk) qgemm_block(w, a, nullptr, out, ldo, g0, g1, c0, std::min(r1, c0 + kRowChunk));
+}
+
 namespace {
 
 void quant_linear_op(const at::Tensor& x, int64_t kind, int64_t n, const at::Tensor& data, const at::Tensor& d,

@@ -76,4 +76,10 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
 // out [M, N] (row stride ldo) = dequant(W) . x^T (+ bias[N] when not null), parallel over row groups.
 void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo);
 
+// The same products for weight groups g0 .. g1 (output rows 8 * g0 ..) and activation rows r0 .. r1 only,
+// on the calling thread (a caller that splits work its own way: fused_experts.cpp's (expert, row block)
+// items). Each row's arithmetic is qgemm's, so a row's result does not depend on how the work was split.
+void qgemm_range(const QMat& w, const Q8ActRows& a, float* out, int64_t ldo, int64_t g0, int64_t g1, int64_t r0,
+                 int64_t r1);
+
 }  // namespace radixserve

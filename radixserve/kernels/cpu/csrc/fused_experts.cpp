@@ -1,0 +1,201 @@
+// fused_experts: a mixture-of-experts layer's routed experts for every token of a step, on the experts'
+// own low-bit blocks (the GGUF file's 3-D ffn_{gate,up,down}_exps tensors, converted without loss to the
+// kernel kinds of quant_linear.h; layers/moe/experts.py stacks them):
+//
+//   out[t] = sum over slots j of w[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t])),   e = ids[t, j]
+//
+// for the experts this rank holds (global ids expert_offset .. expert_offset + E_local; a pair routed to
+// another rank adds nothing here: expert parallelism sums the ranks' outputs afterwards).
+//
+//   1. the step's (token, slot) pairs are grouped by expert (stable: each expert sees its tokens in order)
+//      and their rows gathered and quantised once, so each selected expert's weights are read once per
+//      step however many tokens chose it; an expert no token chose is never touched;
+//   2. gate_up: work items are (expert, block of 8-row weight groups) over that expert's rows, pulled by
+//      the threads from one counter (a hot expert's items spread over every thread, a cold one's cost
+//      nothing);
+//   3. the gated activation (decoder_glue.cpp's, the same floats as the dense MLP), re-quantised;
+//   4. down: the same (expert, row block) items;
+//   5. each token sums its own slots in slot order (never in expert order), so a token's result is the
+//      same alone or batched, whatever the others chose.
+// Op schema: ops.cpp; the plain-PyTorch reference is layers/moe/fused_experts.py.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "ops.h"
+#include "quant_linear.h"
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kGroupsPerItem = 4;  // 32 output rows: enough items to balance two threads at one row
+
+// One expert projection of every local expert: expert e's blocks start e * stride past expert 0's.
+struct StackedQMat {
+  QMat first;
+  int64_t data_stride = 0, scale_stride = 0;  // bytes of data, floats of scales (and mins) per expert
+  int64_t E = 0;
+
+  QMat expert(int64_t e) const {
+    QMat w = first;
+    w.data = static_cast<const char*>(first.data) + e * data_stride;
+    w.d = first.d + e * scale_stride;
+    if (first.m != nullptr) w.m = first.m + e * scale_stride;
+    return w;
+  }
+};
+
+StackedQMat stacked_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& data, const at::Tensor& d,
+                                 const c10::optional<at::Tensor>& m, const char* what) {
+  const QKindInfo* info = qkind_info(kind);
+  TORCH_CHECK(info != nullptr, what, ": unknown weight kind ", kind);
+  TORCH_CHECK(!info->has_min || m.has_value(), what, ": ", info->name, " needs its mins");
+  TORCH_CHECK(data.dim() == 2 && d.dim() == 2 && data.size(0) >= 1 && d.size(0) == data.size(0) &&
+                  data.is_contiguous() && d.is_contiguous(),
+              what, ": data and scales must be contiguous [experts, ...] with one row per expert");
+  StackedQMat s;
+  s.E = data.size(0);
+  // expert 0's row validates the layout of every row (same shape); mins like the scales
+  const at::Tensor m0 = info->has_min ? m->select(0, 0) : d.select(0, 0);
+  if (info->has_min) {
+    TORCH_CHECK(m->dim() == 2 && m->sizes() == d.sizes() && m->is_contiguous(), what, ": mins must be shaped like the scales");
+  }
+  s.first = qmat_from_tensors(kind, N, K, data.select(0, 0), d.select(0, 0), m0, what);
+  s.data_stride = data.size(1) * data.element_size();
+  s.scale_stride = d.size(1);
+  return s;
+}
+
+// Runs fn(item) for items 0 .. n - 1 on every thread, each pulling the next item from one counter.
+template <typename Fn>
+void for_each_item(int64_t n, const Fn& fn) {
+  if (n == 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
+  });
+}
+
+struct Item {
+  int64_t e, g0, g1;
+};
+
+// Items (expert, groups g0 .. g1) for every expert with rows, for a projection of G groups.
+std::vector<Item> expert_items(const std::vector<int64_t>& start, int64_t G) {
+  std::vector<Item> items;
+  for (int64_t e = 0; e + 1 < static_cast<int64_t>(start.size()); ++e) {
+    if (start[e + 1] == start[e]) continue;
+    for (int64_t g = 0; g < G; g += kGroupsPerItem) items.push_back({e, g, std::min(G, g + kGroupsPerItem)});
+  }
+  return items;
+}
+
+}  // namespace
+
+void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                   int64_t expert_offset, int64_t kind13, int64_t n13, const at::Tensor& data13,
+                   const at::Tensor& d13, const c10::optional<at::Tensor>& m13, int64_t kind2,
+                   const at::Tensor& data2, const at::Tensor& d2, const c10::optional<at::Tensor>& m2,
+                   int64_t act, at::Tensor& out) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "fused_experts: x must be float32 [tokens, hidden] contiguous");
+  const int64_t T = x.size(0), H = x.size(1);
+  TORCH_CHECK(topk_ids.scalar_type() == at::kLong && topk_ids.dim() == 2 && topk_ids.size(0) == T &&
+                  topk_ids.is_contiguous(),
+              "fused_experts: topk_ids must be int64 [tokens, k] contiguous");
+  const int64_t k = topk_ids.size(1);
+  TORCH_CHECK(topk_weights.scalar_type() == at::kFloat && topk_weights.sizes() == topk_ids.sizes() &&
+                  topk_weights.is_contiguous(),
+              "fused_experts: topk_weights must be float32 shaped like topk_ids");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == x.sizes(),
+              "fused_experts: out must be float32 [tokens, hidden] like x");
+  TORCH_CHECK(act == 0 || act == 1, "fused_experts: act must be 0 (silu) or 1 (gelu_tanh), got ", act);
+  TORCH_CHECK(n13 > 0 && n13 % 2 == 0, "fused_experts: the gate_up rows (", n13, ") must be gate then up, even");
+  const int64_t inter = n13 / 2;
+  const StackedQMat w13 = stacked_from_tensors(kind13, n13, H, data13, d13, m13, "fused_experts gate_up");
+  const StackedQMat w2 = stacked_from_tensors(kind2, H, inter, data2, d2, m2, "fused_experts down");
+  TORCH_CHECK(w13.E == w2.E, "fused_experts: ", w13.E, " gate_up experts but ", w2.E, " down experts");
+  const int64_t E = w13.E;
+  out.zero_();
+  if (T == 0) return;
+
+  // 1. pairs grouped by local expert (counting sort: stable), pos[p] = the pair's row in the gathered rows
+  const int64_t* ids = topk_ids.data_ptr<int64_t>();
+  std::vector<int64_t> start(E + 1, 0), pos(T * k, -1);
+  for (int64_t p = 0; p < T * k; ++p) {
+    const int64_t e = ids[p] - expert_offset;
+    if (e >= 0 && e < E) ++start[e + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  const int64_t P = start[E];
+  if (P == 0) return;
+  std::vector<int64_t> fill(start.begin(), start.end() - 1), token(P);
+  for (int64_t p = 0; p < T * k; ++p) {
+    const int64_t e = ids[p] - expert_offset;
+    if (e < 0 || e >= E) continue;
+    pos[p] = fill[e]++;
+    token[pos[p]] = p / k;
+  }
+  at::Tensor xs = at::empty({P, H}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* xsp = xs.data_ptr<float>();
+  at::parallel_for(0, P, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
+    for (int64_t r = a; r < b; ++r) std::copy(xp + token[r] * H, xp + (token[r] + 1) * H, xsp + r * H);
+  });
+  // reused across calls; the worker threads read it through this reference (a lambda naming a
+  // thread_local directly would reach each worker's own, empty, instance)
+  thread_local Q8ActRows act_buffer;
+  Q8ActRows& act_rows = act_buffer;
+  quantize_rows_q8(xsp, P, H, H, act_rows);
+
+  // 2. gate_up of every pair, by (expert, row block)
+  at::Tensor h = at::empty({P, n13}, x.options());
+  float* hp = h.data_ptr<float>();
+  const std::vector<Item> items13 = expert_items(start, w13.first.G);
+  for_each_item(static_cast<int64_t>(items13.size()), [&](int64_t i) {
+    const Item& it = items13[i];
+    qgemm_range(w13.expert(it.e), act_rows, hp, n13, it.g0, it.g1, start[it.e], start[it.e + 1]);
+  });
+
+  // 3. act(gate) * up, re-quantised for the down projection
+  at::Tensor a = at::empty({P, inter}, x.options());
+  if (act == 0) {
+    silu_and_mul(h, a);
+  } else {
+    gelu_tanh_and_mul(h, a);
+  }
+  quantize_rows_q8(a.data_ptr<float>(), P, inter, inter, act_rows);
+
+  // 4. down, by (expert, row block)
+  at::Tensor y = at::empty({P, H}, x.options());
+  float* yp = y.data_ptr<float>();
+  const std::vector<Item> items2 = expert_items(start, w2.first.G);
+  for_each_item(static_cast<int64_t>(items2.size()), [&](int64_t i) {
+    const Item& it = items2[i];
+    qgemm_range(w2.expert(it.e), act_rows, yp, H, it.g0, it.g1, start[it.e], start[it.e + 1]);
+  });
+
+  // 5. each token's slots in slot order
+  const float* wts = topk_weights.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, std::max<int64_t>(1, 4096 / H), [&](int64_t ta, int64_t tb) {
+    for (int64_t t = ta; t < tb; ++t) {
+      float* o = op + t * H;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = pos[t * k + j];
+        if (r < 0) continue;
+        const float wj = wts[t * k + j];
+        const float* src = yp + r * H;
+        for (int64_t c = 0; c < H; ++c) o[c] += wj * src[c];
+      }
+    }
+  });
+}
+
+}  // namespace radixserve
+
+TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) { m.impl("fused_experts", &radixserve::fused_experts); }
