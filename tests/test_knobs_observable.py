@@ -107,7 +107,7 @@ def _normalize(tokenizer, limits: RequestLimits, **req) -> list[TokenizedGenerat
 
 
 def _steps(sched) -> list[dict]:
-    return sched.step_log.snapshot(sched, since=-1)["steps"]
+    return sched.get_steps(since=-1)["steps"]
 
 
 def _one(sched, params: SamplingParams, prompt=PROMPT, rid="r", stream=False) -> tuple[list[int], dict, int]:

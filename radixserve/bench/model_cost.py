@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from radixserve.bench.common import time_fn
+from radixserve.layers.kernel_mode import EXACT, KernelMode
 from radixserve.layers.linear import PackableLinear
 from radixserve.layers.moe import SparseMoeBlock
 
@@ -99,9 +100,10 @@ def decode_bytes(cfg: Any, weight_bytes: int, batch_size: int, context_len: int,
 
 
 @torch.inference_mode()
-def time_linear_only(model: torch.nn.Module, rows: int, repeats: int = 3, warmup: int = 1) -> dict[str, float]:
+def time_linear_only(model: torch.nn.Module, rows: int, repeats: int = 3, warmup: int = 1,
+                     mode: KernelMode = EXACT) -> dict[str, float]:
     """Median time of one decode step's matmuls alone at `rows` rows, with the real weights and the
-    same kernel the model runs (dense or oneDNN-packed)."""
+    kernels `mode` picks (the runner's KernelMode: what its forward runs; dense or oneDNN-packed floats)."""
     mods = linear_layers(model)
     ref = next(model.parameters())
     dtype, device = ref.dtype, ref.device
@@ -111,7 +113,7 @@ def time_linear_only(model: torch.nn.Module, rows: int, repeats: int = 3, warmup
 
     def run() -> None:
         for m in mods:
-            m.matmul(xs[m.weight_dims()[1]])
+            m.matmul(xs[m.weight_dims()[1]], None, mode)
 
     times = time_fn(run, repeats=repeats, warmup=warmup, device=device)
     times.sort()

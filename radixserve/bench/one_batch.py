@@ -35,8 +35,6 @@ from radixserve.bench.common import machine_info, parse_int_list, print_table, s
 from radixserve.bench.roofline import measure_roofline
 from radixserve.bench.runner_driver import RunnerDriver
 from radixserve.bench.step_profile import profile_step
-from radixserve.layers.batch_invariant import batch_invariant_mode
-from radixserve.layers.linear import quant_rows_mode
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_model_config
 from radixserve.server_args import ServerArgs
@@ -213,9 +211,8 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
         drv.release_all()
     measured = sorted({r["batch_size"] for r in result["decode"]})
     # the linears as this runner's forward runs them
-    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops, runner.quant_max_rows):
-        result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup)
-                                 for bs in measured]
+    result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup,
+                                                         runner.kernel_mode) for bs in measured]
     derive(result, runner)
     return result
 

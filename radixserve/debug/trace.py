@@ -21,12 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixserve.layers.moe.expert_load import model_expert_load
 from radixserve.model_executor.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
+    from radixserve.managers.queue_state import QueueState
     from radixserve.managers.schedule_batch import ScheduleBatch
-    from radixserve.managers.scheduler import Scheduler
     from radixserve.model_executor.results import GenerationBatchResult
 
 
@@ -62,8 +61,11 @@ class StepRecord:
     expert_load: dict[int, list[int]] | None = None  # MoE: tokens per expert of each sparse layer (layers/moe/)
 
     @classmethod
-    def capture(cls, step: int, batch: ScheduleBatch, result: GenerationBatchResult, sched: Scheduler,
-                timing: tuple[float, float, float, float]) -> StepRecord:
+    def capture(cls, step: int, batch: ScheduleBatch, result: GenerationBatchResult, queue: QueueState,
+                timing: tuple[float, float, float, float],
+                expert_load: dict[int, list[int]] | None = None) -> StepRecord:
+        """`queue`: the scheduler's queues and pool after this step's admission; `expert_load`: this step's
+        tokens per expert (ExpertLoad.take(), MoE models only)."""
         fb = result.forward_batch
         mode = batch.forward_mode
         num_tokens = fb.input_ids.shape[0]
@@ -80,14 +82,12 @@ class StepRecord:
             num_prefill = sum(batch.seq_lens[:k]) - sum(batch.prefix_lens[:k])
         else:
             num_prefill = num_tokens
-        chunked = sched.chunked_req
-        waiting = sched.waiting_queue
+        waiting = queue.num_waiting_reqs
         return cls(  # positional: half the cost of keywords for 23 fields
             step, time.time(), mode, [r.rid for r in batch.reqs], batch.prefix_lens[:], batch.seq_lens[:],
-            chunked.rid if chunked is not None else None, len(waiting), len(sched.running_batch.reqs),
-            sched.wait_reason if waiting else None, sched.allocator.available_size(),
-            sched.tree_cache.total_size(), sched.new_token_ratio, spec_drafts, spec_accepted, fb.forward_mode, fb.batch_size,
-            num_tokens, num_prefill, *timing, _take_expert_load(sched),
+            queue.chunked_rid, waiting, queue.num_running_reqs, queue.wait_reason if waiting else None,
+            queue.kv_available, queue.kv_cached, queue.new_token_ratio, spec_drafts, spec_accepted,
+            fb.forward_mode, fb.batch_size, num_tokens, num_prefill, *timing, expert_load,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -133,12 +133,6 @@ class StepRecord:
                 "sample_ms": round(self.sample_s * 1e3, 3),
             },
         }
-
-
-def _take_expert_load(sched: Scheduler) -> dict[int, list[int]] | None:
-
-    load = model_expert_load(sched.model_runner.model)
-    return None if load is None else load.take()
 
 
 class BatchTracer:

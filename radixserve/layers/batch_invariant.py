@@ -26,17 +26,15 @@ tests/model_executor/test_deterministic.py):
     top_p's mass)                           than threads ATen splits  row (each row a batch of
                                             one row across threads    one, Sampler.forward)
 
-The mode is a context flag, not module state: ModelRunner turns it on around its own forward and
-sampling (`batch_invariant_mode`), so runners sharing one set of weights (tests, benchmarks) never
-change each other's numerics. PackableLinear.matmul and Sampler.forward read it; attention is the
-runner's choice of backend (BatchInvariantAttnBackend), fixed at start-up.
+The mode is the runner's, chosen once at start-up, never module state: the projections read it from the
+step's KernelMode (ForwardBatch.kernel_mode, layers/kernel_mode.py), so runners sharing one set of weights
+(tests, benchmarks) never change each other's numerics; the runner's own Sampler is built with it
+(Sampler(batch_invariant=...)); attention is the runner's choice of backend (BatchInvariantAttnBackend).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 
 import torch
 
@@ -50,23 +48,6 @@ import torch
 # 32 wins except at batch-1 decode, where a 32-row GEMM does 32x a GEMV's FLOPs (~10-20 ms more
 # than 16 rows). MKL is row-invariant from M = 12 up and oneDNN at every M, so all are safe for both.
 ROW_TILE = 32
-
-_ENABLED: ContextVar[bool] = ContextVar("radixserve_batch_invariant", default=False)
-
-
-@contextmanager
-def batch_invariant_mode(enabled: bool) -> Iterator[None]:
-    """Run the enclosed forward / sampling batch-invariantly (or not: `enabled=False` is a no-op scope)."""
-    token = _ENABLED.set(enabled)
-    try:
-        yield
-    finally:
-        _ENABLED.reset(token)
-
-
-def batch_invariant_enabled() -> bool:
-    return _ENABLED.get()
-
 
 def tiled_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, tile: int | None = None) -> torch.Tensor:
     """fn over x [n, in] -> [n, out], always called on exactly `tile` rows (ROW_TILE by default).

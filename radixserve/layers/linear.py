@@ -15,27 +15,29 @@ projection to oneDNN's prepacked layout. Measured on this project's 2-core AVX2 
 oneDNN's packed kernel reads the same weights ~2x faster at 1 row and runs 32 rows 1.3-2.3x faster,
 i.e. exactly the decode shapes. The dense copy is released after packing so memory does not double.
 
-Under --enable-deterministic-inference every matmul here (projections and the LM head alike) runs in
-fixed-size row tiles (layers/batch_invariant.py: tiled_rows), so a row's result never depends on how
-many other rows share the step.
+Which kernels a step runs is the runner's KernelMode (layers/kernel_mode.py), read from the ForwardBatch
+each projection is called with: the low-bit copy for steps within its row cap, and under
+--enable-deterministic-inference every matmul here (projections and the LM head alike) in fixed-size row
+tiles (layers/batch_invariant.py: tiled_rows), so a row's result never depends on how many other rows
+share the step. A call without a ForwardBatch (a caller outside a step) runs the float weights, exactly.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any
-
 from radixserve.distributed.parallel_state import ParallelState
 from radixserve.kernels.cpu.loader import cpu_info
-from radixserve.layers.batch_invariant import batch_invariant_enabled, tiled_rows
+from radixserve.layers.batch_invariant import tiled_rows
+from radixserve.layers.kernel_mode import EXACT, KernelMode, step_kernels
 from radixserve.layers.quantization.qweight import QuantRows, QuantWeight
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 LINEAR_BACKENDS = ("auto", "torch", "onednn")
 
@@ -60,33 +62,6 @@ def resolve_low_bit_max_rows(setting: int | None, gemm_dtype: torch.dtype, amx: 
     if amx is None:
         amx = "amx_bf16" in cpu_info()[0]
     return LOW_BIT_MAX_ROWS_WITH_AMX if gemm_dtype == torch.bfloat16 and amx else None
-
-
-@dataclass(frozen=True)
-class LowBitMode:
-    ops: Any  # torch.ops.radixserve_cpu
-    max_rows: int | None  # steps of at most this many rows take the low-bit copy; None = every step
-
-
-# The mode while a runner that enabled low-bit weights runs a forward; None otherwise. A context
-# flag, not module state, so runners sharing weights never mix.
-_LOW_BIT: ContextVar[LowBitMode | None] = ContextVar("radixserve_low_bit", default=None)
-
-
-@contextmanager
-def quant_rows_mode(ops: Any, max_rows: int | None = None) -> Iterator[None]:
-    """Run low-bit copies for steps of <= max_rows rows (None = every step); ops None = off."""
-    token = _LOW_BIT.set(None if ops is None else LowBitMode(ops, max_rows))
-    try:
-        yield
-    finally:
-        _LOW_BIT.reset(token)
-
-
-def low_bit_mode() -> LowBitMode | None:
-    """The low-bit mode of the forward running now (None: float weights only); every layer with a
-    low-bit copy asks this one function."""
-    return _LOW_BIT.get()
 
 
 class LowBitHolder(nn.Module):
@@ -135,7 +110,7 @@ class PackableLinear(nn.Module):
 
     weight: nn.Parameter | None
     packed: torch.Tensor | None = None
-    qweight: QuantWeight | None = None  # the low-bit copy (layers/quantization/; which steps: LowBitMode)
+    qweight: QuantWeight | None = None  # the low-bit copy (layers/quantization/; which steps: KernelMode)
     # the float GEMM's dtype when it differs from the activations' (CPU bf16: float32 activations,
     # bf16 weights and GEMM on AMX); None = the input's own dtype
     gemm_dtype: torch.dtype | None = None
@@ -166,18 +141,18 @@ class PackableLinear(nn.Module):
         else:
             self.gemm_weight = self.weight.detach().to(dtype)
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        mode = low_bit_mode()
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, mode: KernelMode = EXACT) -> torch.Tensor:
+        """x [rows, in] @ W^T (+ bias) -> [rows, out], by the kernels `mode` picks for a step of this many rows."""
         qw = self.qweight
-        if mode is not None and qw is not None and x.dim() == 2 and (mode.max_rows is None
-                                                                     or x.shape[0] <= mode.max_rows):
+        ops = mode.low_bit_ops(x.shape[0]) if qw is not None and x.dim() == 2 else None
+        if ops is not None:
             out = x.new_empty(x.shape[0], qw.shape[0])
-            mode.ops.quant_linear(x.contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, bias, out)
+            ops.quant_linear(x.contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, bias, out)
             return out
         if self.packed is None and self.weight is None:
             raise RuntimeError("this projection keeps only its low-bit copy (its float weights were released), "
                                "but the step did not run in a low-bit mode")
-        if batch_invariant_enabled():  # deterministic inference: fixed-size row tiles
+        if mode.batch_invariant:  # deterministic inference: fixed-size row tiles
             return tiled_rows(lambda rows: self._gemm(rows, bias), x)
         return self._gemm(x, bias)
 
@@ -321,8 +296,8 @@ class ColumnParallelLinear(PackableLinear):
         n = self.out_per_rank
         return 0, self.ps.tp_rank * n, n, 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
+    def forward(self, x: torch.Tensor, forward_batch: ForwardBatch | None = None) -> torch.Tensor:
+        return self.matmul(x, self.bias, step_kernels(forward_batch))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -386,7 +361,7 @@ class RowParallelLinear(PackableLinear):
         n = self.in_per_rank
         return 1, self.ps.tp_rank * n, n, 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.ps.all_reduce(self.matmul(x))
+    def forward(self, x: torch.Tensor, forward_batch: ForwardBatch | None = None) -> torch.Tensor:
+        out = self.ps.all_reduce(self.matmul(x, None, step_kernels(forward_batch)))
         # NOTE: bias after the reduce, or it would be added tp_size times.
         return out if self.bias is None else out + self.bias

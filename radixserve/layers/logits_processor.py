@@ -40,9 +40,11 @@ class LogitsProcessor(nn.Module):
         self.ps = ps
         self.softcap = final_logit_softcap  # Gemma 2: logits = cap * tanh(logits / cap)
 
-    def compute_logits(self, hidden: torch.Tensor, lm_head: ParallelLMHead) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, lm_head: ParallelLMHead,
+                       fb: ForwardBatch | None = None) -> torch.Tensor:
+        """fb: the step (its runner's kernel choices); None: the float weights, exactly."""
         # [n, hidden] -> [n, V/tp] -> gathered [n, padded V] -> [n, V]
-        logits = self.ps.all_gather(lm_head.local_logits(hidden), dim=-1)[:, : self.vocab_size]
+        logits = self.ps.all_gather(lm_head.local_logits(hidden, fb), dim=-1)[:, : self.vocab_size]
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -54,7 +56,7 @@ class LogitsProcessor(nn.Module):
         else:
             last_idx = fb.extend_start_loc + fb.extend_seq_lens - 1
             last = hidden[last_idx]
-        out = LogitsProcessorOutput(next_token_logits=self.compute_logits(last, lm_head))
+        out = LogitsProcessorOutput(next_token_logits=self.compute_logits(last, lm_head, fb))
         if fb.capture_hidden_mode == CaptureHiddenMode.FULL:
             out.hidden_states = hidden
         elif fb.capture_hidden_mode == CaptureHiddenMode.LAST:
@@ -77,7 +79,7 @@ class LogitsProcessor(nn.Module):
             # chunks of 512 rows keep the [rows, vocab] temporaries small
             for off in range(0, n, 512):
                 rows = hidden[starts[i] + off : starts[i] + min(n, off + 512)]
-                logprobs = torch.log_softmax(self.compute_logits(rows, lm_head).float(), dim=-1)
+                logprobs = torch.log_softmax(self.compute_logits(rows, lm_head, fb).float(), dim=-1)
                 ids = torch.tensor(targets[off : off + rows.shape[0]], dtype=torch.int64, device=rows.device)
                 values.extend(logprobs.gather(1, ids.clamp(min=0).unsqueeze(1)).squeeze(1).tolist())
             result.append(values)

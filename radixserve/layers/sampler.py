@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.layers.batch_invariant import batch_invariant_enabled
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 _CANDIDATES = 256
@@ -221,7 +220,14 @@ def _draw(x: torch.Tensor, info: SamplingBatchInfo, uniforms: torch.Tensor, row:
 
 # ---------------------------------------------------------------------- module
 class Sampler(torch.nn.Module):
-    """Turns the last-position logits of each request into its next token id."""
+    """Turns the last-position logits of each request into its next token id.
+
+    batch_invariant: the runner's --enable-deterministic-inference (layers/batch_invariant.py): each row
+    is drawn as a batch of one."""
+
+    def __init__(self, batch_invariant: bool = False) -> None:
+        super().__init__()
+        self.batch_invariant = batch_invariant
 
     def forward(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo) -> torch.Tensor:
         """logits [bs, vocab] -> next token ids [bs] int64. `logits` itself is left untouched
@@ -236,7 +242,7 @@ class Sampler(torch.nn.Module):
 
         greedy_ids = torch.argmax(x, dim=-1) if info.any_greedy else None  # [bs]
         uniforms = draw_uniforms(x.shape[0], info.seeded_rows, x.device)  # [bs, 2]
-        if batch_invariant_enabled() and x.shape[0] > 1:
+        if self.batch_invariant and x.shape[0] > 1:
             # Deterministic inference: each row is sampled as a batch of one, i.e. by exactly the
             # computation it gets alone (a [bs, vocab] sum splits one row across threads only
             # when bs is small, so batched sampling is not bit-for-bit batch-invariant).
@@ -255,7 +261,7 @@ class Sampler(torch.nn.Module):
         x = logits.to(torch.float32, copy=True)  # [bs, vocab]
         info.apply_logits_processing(x)
         greedy_ids = torch.argmax(x, dim=-1) if info.any_greedy else None  # [bs]
-        if batch_invariant_enabled() and x.shape[0] > 1:  # per row, as forward() does
+        if self.batch_invariant and x.shape[0] > 1:  # per row, as forward() does
             probs = torch.cat([_weights(x[i : i + 1], info, i) for i in range(x.shape[0])])
         else:
             probs = _weights(x, info, None)

@@ -7,13 +7,19 @@ LogitsProcessor all-gathers. The vocabulary is padded up to a multiple of tp_siz
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
+from radixserve.layers.kernel_mode import step_kernels
 from radixserve.layers.linear import PackableLinear
 from radixserve.layers.quantization.qweight import QuantRows
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -53,6 +59,6 @@ class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
         part = rows.narrow(0, self.start, max(0, min(self.rows_per_rank, rows.q.shape[0] - self.start)), name)
         return part.pad_rows(self.rows_per_rank)
 
-    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def local_logits(self, hidden: torch.Tensor, forward_batch: ForwardBatch | None = None) -> torch.Tensor:
         # [n, hidden] @ [hidden, V/tp] -> [n, V/tp]
-        return self.matmul(hidden)
+        return self.matmul(hidden, None, step_kernels(forward_batch))

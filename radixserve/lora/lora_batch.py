@@ -11,15 +11,14 @@ rows (decode, verify) runs all its groups in one GEMM pair instead (lora_dense.p
 stack when the runner has one (kernels/cpu/csrc/decode_stack.cpp: forward_lora). A step with no
 adapter row has no LoRABatch: the hooks return at once and the projections run exactly as without LoRA.
 
-The batch is set for the duration of one forward by ModelRunner (`lora_batch_mode`), the same way the
-low-bit mode is (layers/linear.py): a context variable, so runners sharing weights never mix.
+The step's LoRABatch is built with its ForwardBatch (ForwardBatch.init_new -> ModelRunner.lora_batch_for) and
+travels in it (`forward_batch.lora_batch`): each projection is called with the step's ForwardBatch, and its
+hook reads the batch from there, so runners sharing weights never mix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,25 +87,11 @@ def torch_lora_apply(x: torch.Tensor, rows: torch.Tensor | slice, w: LoRAWeights
         out.index_add_(0, rows, delta)
 
 
-_LORA_BATCH: ContextVar[LoRABatch | None] = ContextVar("radixserve_lora_batch", default=None)
-
-
-@contextmanager
-def lora_batch_mode(batch: LoRABatch | None) -> Iterator[None]:
-    token = _LORA_BATCH.set(batch)
-    try:
-        yield
-    finally:
-        _LORA_BATCH.reset(token)
-
-
-def current_lora_batch() -> LoRABatch | None:
-    return _LORA_BATCH.get()
-
-
 def _make_hook(module_name: str, ps: Any) -> Callable[[nn.Module, Any, torch.Tensor], torch.Tensor | None]:
-    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor | None:
-        batch = _LORA_BATCH.get()
+    def hook(module: nn.Module, inputs: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor | None:
+        # inputs: the projection's (x, forward_batch); a call outside a step has no forward_batch
+        forward_batch = inputs[1] if len(inputs) > 1 else None
+        batch = None if forward_batch is None else forward_batch.lora_batch
         if batch is None:
             return None  # base-only step: the projection's own output, untouched
         x = inputs[0]

@@ -19,13 +19,10 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 from radixserve.lora.lora_adapter import LoRAAdapter, load_adapter, read_lora_config
 from radixserve.lora.lora_batch import LoRABatch, install_lora_hooks, torch_lora_apply
@@ -189,12 +186,12 @@ class LoRAManager:
                 "unloading": {r.config.name: r.refs for r in self.regs.values() if not r.active}}
 
     # ------------------------------------------------------------------ execution
-    def batch_for(self, fb: ForwardBatch) -> LoRABatch | None:
-        """The step's adapter groups (None for a base-only step: the hooks then cost one check each)."""
-        uids = fb.lora_uids
+    def batch_for(self, uids: list[int] | None, rows_per_req: list[int]) -> LoRABatch | None:
+        """The step's adapter groups (None for a base-only step: the hooks then cost one check each).
+        uids: each request's adapter (0 = base; ModelWorkerBatch.lora_uids); rows_per_req: its token rows."""
         if not uids or not any(uids):
             return None
-        if len(uids) != fb.batch_size:
-            raise ValueError(f"ForwardBatch.lora_uids has {len(uids)} entries for {fb.batch_size} requests")
+        if len(uids) != len(rows_per_req):
+            raise ValueError(f"ForwardBatch.lora_uids has {len(uids)} entries for {len(rows_per_req)} requests")
         adapters = [None if u == 0 else self.adapter(u) for u in uids]
-        return LoRABatch.build(adapters, fb.extend_seq_lens_cpu, self.device, self.apply, self.dense_cache)
+        return LoRABatch.build(adapters, rows_per_req, self.device, self.apply, self.dense_cache)

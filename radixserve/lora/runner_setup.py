@@ -11,7 +11,6 @@ from radixserve.lora.lora_dense import ROW_LIMIT
 from radixserve.lora.lora_manager import LoRAManager, parse_lora_paths
 
 if TYPE_CHECKING:
-    from radixserve.model_executor.forward_batch_info import ForwardBatch
     from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -29,14 +28,14 @@ def make_lora_manager(runner: ModelRunner) -> LoRAManager | None:
                        act_dtype=runner.act_dtype)
 
 
-def lora_batch_for(runner: ModelRunner, forward_batch: ForwardBatch) -> LoRABatch | None:
-    """This step's adapter groups, or None (base-only: the step runs exactly as without LoRA). A few-row step
-    with adapter rows (decode, verify) runs in the native decode stack with the deltas inside it; a longer one
-    runs layer by layer (said once in the log)."""
+def lora_batch_for(runner: ModelRunner, uids: list[int] | None, rows_per_req: list[int]) -> LoRABatch | None:
+    """A step's adapter groups (each request's adapter uid, 0 = base, and its token rows), or None (base-only:
+    the step runs exactly as without LoRA). A few-row step with adapter rows (decode, verify) runs in the
+    native decode stack with the deltas inside it; a longer one runs layer by layer (said once in the log)."""
     manager = runner.lora_manager
     if manager is None:
         return None
-    batch = manager.batch_for(forward_batch)
+    batch = manager.batch_for(uids, rows_per_req)
     if (batch is not None and batch.dense is None and runner.cpu_graph_runner is not None
             and not manager.said_layer_by_layer):
         manager.said_layer_by_layer = True

@@ -158,3 +158,17 @@ class PrefillAdder:
         self.can_run.append(req)
         self.rem_running -= 1
         return True
+
+    def undo(self) -> tuple[Req | None, list[Req]]:
+        """Take this admission back (its batch could not get KV slots; the pools are unchanged):
+        (the continuing chunked request, which keeps its row, prefix and lock; the others, in admission
+        order, their prefix locks released, for the front of the waiting queue)."""
+        chunked, requeue = None, []
+        for req in reversed(self.can_run):
+            if req.req_pool_idx is not None:  # only a continuing chunked request holds a row here
+                req.is_chunked, chunked = True, req
+                continue
+            self.tree_cache.dec_lock_ref(req.last_node)
+            req.is_chunked = False
+            requeue.insert(0, req)
+        return chunked, requeue

@@ -17,15 +17,17 @@ import time
 from radixserve.constrained.grammar_queue import GrammarQueue
 from radixserve.debug.fault_inject import fault_marker_from_env, raise_injected_fault
 from radixserve.debug.invariants import InvariantChecker
-from radixserve.debug.step_log import StepLog
+from radixserve.debug.step_log import MAX_STEPS_PER_SNAPSHOT, StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
+from radixserve.layers.moe.expert_load import model_expert_load
 from radixserve.lora.lora_manager import LoRANotFound
 from radixserve.lora.lora_scheduling import LoRAScheduling
 from radixserve.managers.embedding_mode import EmbeddingMode
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal
 from radixserve.managers.io_struct import ReqOutput, TokenizedGenerateReqInput
 from radixserve.managers.output_processor import OutputProcessor
+from radixserve.managers.queue_state import QueueState
 from radixserve.managers.req import FinishReason, Req
 from radixserve.managers.request_normalizer import RequestLimits, check_tokenized
 from radixserve.managers.schedule_batch import ScheduleBatch
@@ -65,6 +67,7 @@ class Scheduler:
         self.checker = (InvariantChecker(self.allocator, self.tree_cache, self.req_to_token_pool, runner.parallel_state)
                         if server_args.check_invariants else None)
         self.step_log = StepLog()  # the last steps' records (the web dashboard's pipeline view)
+        self.expert_load = model_expert_load(runner.model)  # MoE: tokens per expert (None for a dense model)
         self.wait_reason: str | None = None  # why the waiting requests were not admitted (PrefillAdder)
         self.forward_ct = 0
         self.step_time_s = 0.0  # wall time inside step(), cumulative (see get_server_info's time_split)
@@ -95,15 +98,11 @@ class Scheduler:
         return ScheduleBatch(reqs, self.req_to_token_pool, self.allocator, self.tree_cache)
 
     # ------------------------------------------------------------------ input
-    def validate(self, recv: TokenizedGenerateReqInput) -> None:
-        """Raise ValueError naming the field; nothing is allocated for a rejected request. The rules
-        are the TokenizerManager's (check_tokenized), checked again for callers that bypass it."""
-        check_tokenized(recv, self.limits)
-
     def add_request(self, recv: TokenizedGenerateReqInput) -> ReqOutput | None:
-        """Queue a request; a rejected one returns its error output right away."""
+        """Queue a request; a rejected one returns its error output right away (nothing is allocated for it)."""
         try:
-            self.validate(recv)
+            # the TokenizerManager's rules (a ValueError naming the field), again for callers that bypass it
+            check_tokenized(recv, self.limits)
             lora_name, lora_uid = self.lora.resolve(recv.lora_path)
         except (ValueError, LoRANotFound) as e:  # an unknown adapter is a 404
             return ReqOutput.rejected(recv.rid, str(e), 404 if isinstance(e, LoRANotFound) else 400)
@@ -207,10 +206,9 @@ class Scheduler:
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         batch = self.get_new_batch_prefill()
         if batch is not None:
-            if self.server_args.enable_mixed_chunk and self.running_batch.reqs:
-                if self._ensure_decode_slots():
-                    batch.mix_with_running(self.running_batch)
-                    self.running_batch = self._new_batch([])
+            if self.server_args.enable_mixed_chunk and self.running_batch.reqs and self._ensure_decode_slots():
+                batch.mix_with_running(self.running_batch)
+                self.running_batch = self._new_batch([])
             return batch
         if not self.running_batch.reqs:
             return None
@@ -244,16 +242,10 @@ class Scheduler:
             self.wait_reason = "max_running_requests"
             return None
         self.policy.calc_priority(self.waiting_queue)
-        adder = PrefillAdder(
-            self.tree_cache,
-            self.allocator.available_size(),
-            running,
-            self.new_token_ratio,
-            self.server_args.max_prefill_tokens,
-            self.chunk_size,
-            self.server_args.max_running_requests,
-            self.allocator.page_size,
-        )
+        args = self.server_args
+        adder = PrefillAdder(self.tree_cache, self.allocator.available_size(), running, self.new_token_ratio,
+                             args.max_prefill_tokens, self.chunk_size, args.max_running_requests,
+                             self.allocator.page_size)
         held_back = False
         if self.chunked_req is not None:
             still = adder.add_chunked_req(self.chunked_req)
@@ -292,15 +284,8 @@ class Scheduler:
             # are unchanged) and let decode free space first.
             logger.warning("prefill admission exceeded the KV pool; retrying after decode")
             self.wait_reason = "kv_pool"
-            self.chunked_req = None
-            for req in reversed(adder.can_run):
-                if req.req_pool_idx is not None:
-                    # only a continuing chunked request holds a row here: it keeps row, prefix and lock
-                    req.is_chunked, self.chunked_req = True, req
-                    continue
-                self.tree_cache.dec_lock_ref(req.last_node)
-                req.is_chunked = False
-                self.waiting_queue.insert(0, req)
+            self.chunked_req, requeue = adder.undo()
+            self.waiting_queue[:0] = requeue
             return None
         return batch
 
@@ -314,7 +299,8 @@ class Scheduler:
         result = forward(mwb)
         if self.checker is not None:
             self.checker.check_forward_batch(result.forward_batch)
-        rec = self.step_log.record(self.forward_ct, batch, result, self)
+        rec = self.step_log.record(self.forward_ct, batch, result, self.queue_state(), self.model_runner.timers,
+                                   self.expert_load)
         if self.tracer is not None:
             self.tracer.record(rec, result)
         self.forward_ct += 1
@@ -393,5 +379,22 @@ class Scheduler:
         self.stats["prompt_tokens"] = self.stats["cached_tokens"] = 0
         return True
 
+    def queue_state(self) -> QueueState:
+        """The queues and the KV pool now, as plain values (what step records and get_server_info read)."""
+        chunked, pool = self.chunked_req, self.allocator
+        return QueueState(len(self.waiting_queue), len(self.running_batch.reqs), chunked.rid if chunked else None,
+                          self.wait_reason, pool.total_size, pool.available_size(), self.tree_cache.total_size(),
+                          self.new_token_ratio)
+
     def get_server_info(self) -> dict:
-        return server_info(self)
+        runner = self.model_runner
+        return server_info(
+            self.queue_state(), self.stats, grammar=self.grammar_queue.info(), spec=SpecWorker.info(self.spec_worker),
+            expert_load=self.expert_load, failed_forward_streak=self.failed_forward_streak,
+            deterministic_inference=runner.deterministic, generation_tokens=self.output_processor.generated_tokens,
+            context_len=self.model_config.context_len, step_time_s=self.step_time_s, forward_timers=runner.timers)
+
+    def get_steps(self, since: int, rid: str | None = None, limit: int = MAX_STEPS_PER_SNAPSHOT) -> dict:
+        """The step log's records after step `since` (StepLog.snapshot), with the queue counts shown beside them."""
+        retracted = sum(1 for r in self.waiting_queue if r.num_retractions)
+        return self.step_log.snapshot(since, rid, limit, self.tree_cache.evictable_size(), retracted)

@@ -141,7 +141,7 @@ class SchedulerProcess:
         elif isinstance(msg, GetServerInfoReq):
             data = s.get_server_info()
             if msg.steps_since is not None:
-                data.update(s.step_log.snapshot(s, msg.steps_since, msg.steps_rid, msg.steps_limit))
+                data.update(s.get_steps(msg.steps_since, msg.steps_rid, msg.steps_limit))
             self.send(RpcOutput("server_info", data=data, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, GetRadixTreeReq):
             tree = radix_tree_json(s.tree_cache, msg.max_nodes, msg.max_depth)

@@ -4,51 +4,50 @@ built on request (never per step); with data parallel, the replicas' snapshots m
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from radixserve.layers.moe.expert_load import model_expert_load
-from radixserve.speculative.spec_worker import SpecWorker
-
 if TYPE_CHECKING:
-    from radixserve.managers.scheduler import Scheduler
+    from radixserve.layers.moe.expert_load import ExpertLoad
+    from radixserve.managers.queue_state import QueueState
 
 
-def server_info(s: Scheduler) -> dict[str, Any]:
-    cached = s.tree_cache.total_size()
-    total = s.allocator.total_size
+def server_info(queue: QueueState, stats: Mapping[str, int], *, grammar: Mapping[str, Any],
+                spec: Mapping[str, float], expert_load: ExpertLoad | None, failed_forward_streak: int,
+                deterministic_inference: bool, generation_tokens: int, context_len: int, step_time_s: float,
+                forward_timers: Mapping[str, float]) -> dict[str, Any]:
+    """One replica's snapshot, from what Scheduler.get_server_info() hands over: the queues and pool
+    (`queue`), the scheduler's counters (`stats`), each component's own report (`grammar`: GrammarQueue.info(),
+    `spec`: SpecWorker.info(), the MoE accumulator) and the ModelRunner's cumulative `forward_timers`."""
+    cached = queue.kv_cached
+    total = queue.kv_total
     return {
         "max_total_num_tokens": total,
-        "num_used_tokens": total - s.allocator.available_size() - cached,
+        "num_used_tokens": total - queue.kv_available - cached,
         "num_cached_tokens": cached,
-        "num_running_reqs": len(s.running_batch.reqs) + (1 if s.chunked_req else 0),
-        "num_waiting_reqs": len(s.waiting_queue),
-        **s.grammar_queue.info(),
-        "cache_hit_rate": s.stats["cached_tokens"] / max(1, s.stats["prompt_tokens"]),
-        "cached_tokens": s.stats["cached_tokens"],
-        "num_retractions": s.stats["num_retractions"],
-        "num_failed_reqs": s.stats["num_failed_reqs"],
-        "num_timed_out_reqs": s.stats["num_timed_out_reqs"],
-        "failed_forward_streak": s.failed_forward_streak,
-        "deterministic_inference": s.model_runner.deterministic,
-        "generation_tokens": s.output_processor.generated_tokens,
-        **SpecWorker.info(s.spec_worker),
-        **_moe_info(s),
-        "prompt_tokens": s.stats["prompt_tokens"],
-        "context_len": s.model_config.context_len,
+        "num_running_reqs": queue.num_running_reqs + (1 if queue.chunked_rid is not None else 0),
+        "num_waiting_reqs": queue.num_waiting_reqs,
+        **grammar,
+        "cache_hit_rate": stats["cached_tokens"] / max(1, stats["prompt_tokens"]),
+        "cached_tokens": stats["cached_tokens"],
+        "num_retractions": stats["num_retractions"],
+        "num_failed_reqs": stats["num_failed_reqs"],
+        "num_timed_out_reqs": stats["num_timed_out_reqs"],
+        "failed_forward_streak": failed_forward_streak,
+        "deterministic_inference": deterministic_inference,
+        "generation_tokens": generation_tokens,
+        **spec,
+        **({} if expert_load is None else expert_load.info()),
+        "prompt_tokens": stats["prompt_tokens"],
+        "context_len": context_len,
         # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is
         # every step; the model forward alone is `forward_s`, so step_time_s - forward_s is the
         # scheduling, batch building, sampling and output processing around it.
         "time_split": {
-            "step_time_s": s.step_time_s, **s.model_runner.timers,
+            "step_time_s": step_time_s, **forward_timers,
             "scheduler_process_cpu_s": time.process_time(),
         },
     }
-
-
-def _moe_info(s: Scheduler) -> dict[str, Any]:
-
-    load = model_expert_load(s.model_runner.model)
-    return {} if load is None else load.info()
 
 
 # Merged by a rule other than the sum (the rest of the numbers, nested ones too, add up over replicas).

@@ -35,7 +35,6 @@ from radixserve.models.base import DECODE_STACK_LAYERS, LayerArithmetic
 
 if TYPE_CHECKING:
     from radixserve.layers.logits_processor import LogitsProcessorOutput
-    from radixserve.lora.lora_batch import LoRABatch
     from radixserve.lora.lora_dense import DenseWeights
     from radixserve.model_executor.forward_batch_info import ForwardBatch
     from radixserve.model_executor.model_runner import ModelRunner
@@ -140,9 +139,10 @@ class CpuGraphRunner:
                             float(arithmetic.logit_cap or 0.0), arithmetic.activation)
         return stack
 
-    def can_run(self, fb: ForwardBatch, lora: LoRABatch | None = None) -> bool:
+    def can_run(self, fb: ForwardBatch) -> bool:
         """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows; with
         adapter rows, when the step's adapters are laid side by side (few rows: LoRABatch.dense)."""
+        lora = fb.lora_batch
         if lora is not None and (lora.dense is None or lora.dense.ops is None):  # the stack runs lora_sgmv's layout
             return False
         mode = fb.forward_mode
@@ -151,9 +151,10 @@ class CpuGraphRunner:
                 and (self.max_rows is None or rows <= self.max_rows)
                 and CpuPagedAttnBackend.whole_step_rows(fb) is not None)
 
-    def replay(self, fb: ForwardBatch, lora: LoRABatch | None = None) -> LogitsProcessorOutput:
+    def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         b = CpuPagedAttnBackend.whole_step_rows(fb)
         model = self.model
+        lora = fb.lora_batch
         x = model.model.embed(fb.input_ids)
         if lora is None:
             hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)

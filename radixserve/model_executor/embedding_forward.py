@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.layers.batch_invariant import batch_invariant_mode
-from radixserve.layers.linear import quant_rows_mode
 from radixserve.layers.pooler import pool_step
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
 from radixserve.model_executor.results import SampleOutput
@@ -36,10 +34,10 @@ def forward_embedding(runner: ModelRunner, batch: ModelWorkerBatch, pooling: str
     t0 = time.perf_counter()
     fb = ForwardBatch.init_new(batch, runner)
     t1 = time.perf_counter()
-    with batch_invariant_mode(runner.deterministic), quant_rows_mode(runner.quant_ops, runner.quant_max_rows):
-        # the DecoderModel (models/base.py): embedding -> layers -> final norm, without the LM head
-        hidden = runner.model.model(fb.input_ids, fb.positions, fb)
-        pooled = pool_step(hidden, fb, pooling)
+    # the DecoderModel (models/base.py): embedding -> layers -> final norm, without the LM head; the runner's
+    # kernel choices come with fb (ForwardBatch.kernel_mode)
+    hidden = runner.model.model(fb.input_ids, fb.positions, fb)
+    pooled = pool_step(hidden, fb, pooling)
     runner.timers["forward_batch_init_s"] += t1 - t0
     runner.timers["forward_s"] += time.perf_counter() - t1
     empty = torch.empty(0, dtype=torch.int64)

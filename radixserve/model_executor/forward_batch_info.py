@@ -29,9 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixserve.layers.kernel_mode import EXACT, KernelMode
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 if TYPE_CHECKING:
+    from radixserve.lora.lora_batch import LoRABatch
     from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
     from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.sampling.sampling_params import SamplingParams
@@ -151,6 +153,10 @@ class ForwardBatch:
     num_extend_reqs: int | None = None  # MIXED: see ModelWorkerBatch
     return_probs: bool = False
     lora_uids: list[int] | None = None  # LoRA: see ModelWorkerBatch
+    # which adapter each token row uses and the delta the targeted projections add (None: base-only step)
+    lora_batch: LoRABatch | None = None
+    # the runner's kernel choices (low-bit copies and their row cap, batch-invariant), fixed at load
+    kernel_mode: KernelMode = EXACT
     attn_backend: Any = None
     # The one documented late addition: the attention backend's per-step metadata, derived
     # once in init_forward_metadata() and shared by every layer.
@@ -223,6 +229,8 @@ class ForwardBatch:
             num_extend_reqs=batch.num_extend_reqs,
             return_probs=batch.return_probs,
             lora_uids=batch.lora_uids,
+            lora_batch=model_runner.lora_batch_for(batch.lora_uids, extend_cpu),
+            kernel_mode=model_runner.kernel_mode,
             attn_backend=model_runner.attn_backend,
         )
         model_runner.attn_backend.init_forward_metadata(fb)

@@ -12,8 +12,10 @@ Init order (each step needs the one before):
 
 Execution mode: exact (the default: each op on its fastest path) or deterministic
 (--enable-deterministic-inference: batch-invariant, see layers/batch_invariant.py). The mode is
-decided once, in _make_attn_backend (which fails start-up if the mode cannot be honoured here), and
-applied around this runner's own forward and sampling by `batch_invariant_mode`.
+decided once, in _make_attn_backend (which fails start-up if the mode cannot be honoured here); with
+the low-bit choice (which steps run the low-bit weight copies) it makes the runner's KernelMode
+(layers/kernel_mode.py), which every ForwardBatch this runner builds carries to the layers, and the
+Sampler is built with it. Nothing is set on the model for a step: runners may share its weights.
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAt
 from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops, native_bf16_matmul
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode
+from radixserve.layers.batch_invariant import ROW_TILE
+from radixserve.layers.kernel_mode import KernelMode
 from radixserve.layers.linear import (
     PackableLinear,
     has_float_weights,
     onednn_linear_available,
     model_weight_bytes,
     prepare_float_weights,
-    quant_rows_mode,
     release_float_weights,
     resolve_linear_backend,
     resolve_low_bit_max_rows,
@@ -48,7 +50,7 @@ from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
 from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
-from radixserve.lora.lora_batch import lora_batch_mode
+from radixserve.lora.lora_batch import LoRABatch
 from radixserve.lora.runner_setup import lora_batch_for, make_lora_manager
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -129,9 +131,11 @@ class ModelRunner:
         self._init_memory_pool()
         self.attn_backend = self._make_attn_backend()
         self.quant_ops = self._quant_ops()
+        # what this runner's steps compute with, fixed now; every ForwardBatch it builds carries it
+        self.kernel_mode = KernelMode(self.quant_ops, self.quant_max_rows, self.deterministic)
         self.cpu_graph_runner = CpuGraphRunner.maybe_create(self)
         self.lora_manager = make_lora_manager(self)  # None unless --enable-lora / --lora-paths
-        self.sampler = Sampler()
+        self.sampler = Sampler(batch_invariant=self.deterministic)
         self.rejection_sampler = RejectionSampler(self.sampler)
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.pipeline = None
@@ -162,6 +166,9 @@ class ModelRunner:
         self.linear_backend = resolve_linear_backend(self.server_args.linear_backend, self.device, self.dtype)
         self.quant_report = QuantReport()
         if model is not None:
+            # NOTE: a shared model is never changed per runner (each runner's kernel choices travel in its
+            # ForwardBatches), so runners of different modes may share it; what must hold is that this
+            # runner can compute with the weights the model kept
             self.model = model
             has_q = any(isinstance(m, PackableLinear) and m.qweight is not None for m in model.modules())
             if self.quantization in ("int8", "int4") and not has_q:
@@ -315,20 +322,17 @@ class ModelRunner:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             return LogitsProcessorOutput(next_token_logits=torch.empty(0, self.model_config.vocab_size))
-        lora = lora_batch_for(self, forward_batch)  # None unless some row uses an adapter
-        with batch_invariant_mode(self.deterministic), quant_rows_mode(self.quant_ops, self.quant_max_rows), \
-                lora_batch_mode(lora):
-            # adapter rows: the stack adds their deltas when the step is few rows (LoRABatch.dense)
-            if self.cpu_graph_runner is not None and self.cpu_graph_runner.can_run(forward_batch, lora):
-                return self.cpu_graph_runner.replay(forward_batch, lora)
-            return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch, pp_proxy)
+        # adapter rows: the stack adds their deltas when the step is few rows (LoRABatch.dense)
+        if self.cpu_graph_runner is not None and self.cpu_graph_runner.can_run(forward_batch):
+            return self.cpu_graph_runner.replay(forward_batch)
+        return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch, pp_proxy)
+
+    def lora_batch_for(self, uids: list[int] | None, rows_per_req: list[int]) -> LoRABatch | None:
+        """A step's adapter groups (ForwardBatch.lora_batch); None unless some row uses an adapter."""
+        return lora_batch_for(self, uids, rows_per_req)
 
     @torch.inference_mode()
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
-        with batch_invariant_mode(self.deterministic):
-            return self._sample(logits_output, forward_batch)
-
-    def _sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
         logits = logits_output.next_token_logits
         raw = logits.clone() if forward_batch.return_logprob else None
         info = forward_batch.sampling_info

@@ -13,7 +13,8 @@ low-bit planner, the native decode stack):
                                                       a model only when every layer is what it implements)
     model.embed_tokens / model.layers / model.norm / lm_head / logits_processor, model.embed_scale
 
-The batch is passed explicitly to every layer that needs it (attention), never read from a global. A
+The batch is passed explicitly to every layer that needs it (attention; the projections, which read the
+runner's kernel choices and the step's LoRA rows from it), never read from a global. A
 pipeline stage builds only its layers (ParallelState.stage_layers; the others are PPMissingLayer
 placeholders that keep the checkpoint's numbering), the first stage the embedding, the last the final
 norm and LM head; a stage after the first starts from the previous stage's PPProxyTensors.
@@ -121,8 +122,8 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, ps)
         self.act = gated_activation(cfg.hidden_act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x, forward_batch)), forward_batch)
 
 
 class Attention(nn.Module):
@@ -153,7 +154,7 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         n = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj(x, forward_batch)
         if self.q_norm is None:
             qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         else:
@@ -164,7 +165,7 @@ class Attention(nn.Module):
         # q and k heads are adjacent: rotate them in one pass
         qk = self.rotary_emb.rotate_heads(positions, qk.view(n, -1, self.head_dim)).view(n, -1)
         q, k = qk.split([self.q_size, self.kv_size], dim=-1)
-        return self.o_proj(self.attn(q, k, v, forward_batch))
+        return self.o_proj(self.attn(q, k, v, forward_batch), forward_batch)
 
 
 class DecoderLayer(nn.Module):
@@ -175,11 +176,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, ps: ParallelState, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer_id, ps, rotary_emb)
-        if layer_id in cfg.moe_layers:  # routed experts (layers/moe/)
-
-            self.mlp = SparseMoeBlock(cfg, layer_id, ps)
-        else:
-            self.mlp = GatedMLP(cfg, ps)
+        self.mlp = SparseMoeBlock(cfg, layer_id, ps) if layer_id in cfg.moe_layers else GatedMLP(cfg, ps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.sandwich = cfg.sandwich_norms
@@ -198,10 +195,10 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(positions, x, forward_batch)
         if not self.sandwich:
             x, residual = self.post_attention_layernorm(x, residual)
-            return self.mlp(x), residual
+            return self.mlp(x, forward_batch), residual
         x = self.post_attention_layernorm(x)
         x, residual = self.pre_feedforward_layernorm(x, residual)
-        return self.post_feedforward_layernorm(self.mlp(x)), residual
+        return self.post_feedforward_layernorm(self.mlp(x, forward_batch)), residual
 
 
 class PPMissingLayer(nn.Module):

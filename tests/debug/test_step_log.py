@@ -55,16 +55,16 @@ def test_snapshot_since_rid_and_limit(make_scheduler, prompts) -> None:
     ring = list(sched.step_log.ring)
     assert len(ring) == 5 and sched.forward_ct > 5  # bounded: the oldest records fell out
     last = ring[-1].step
-    snap = sched.step_log.snapshot(sched, since=-1)
+    snap = sched.get_steps(since=-1)
     assert [r["step"] for r in snap["steps"]] == [r.step for r in ring]
     assert snap["last_step"] == last and snap["oldest_step"] == ring[0].step
-    assert [r["step"] for r in sched.step_log.snapshot(sched, since=last - 3)["steps"]] == [last - 2, last - 1, last]
-    assert [r["step"] for r in sched.step_log.snapshot(sched, since=-1, limit=2)["steps"]] == [last - 1, last]
-    assert sched.step_log.snapshot(sched, since=last)["steps"] == []
+    assert [r["step"] for r in sched.get_steps(since=last - 3)["steps"]] == [last - 2, last - 1, last]
+    assert [r["step"] for r in sched.get_steps(since=-1, limit=2)["steps"]] == [last - 1, last]
+    assert sched.get_steps(since=last)["steps"] == []
     some = ring[-1].rids[0]
-    mine = sched.step_log.snapshot(sched, since=-1, rid=some)["steps"]
+    mine = sched.get_steps(since=-1, rid=some)["steps"]
     assert mine and all(some in r["schedule"]["rids"] for r in mine)
-    assert sched.step_log.snapshot(sched, since=-1, rid="nobody")["steps"] == []
+    assert sched.get_steps(since=-1, rid="nobody")["steps"] == []
     assert snap["num_evictable_tokens"] == sched.tree_cache.evictable_size()
 
 
@@ -101,14 +101,14 @@ def test_record_costs_microseconds(make_scheduler, prompts, monkeypatch) -> None
     real = sched.step_log.record
     per_call: list[float] = []
 
-    def spy(step, batch, result, sched_):
+    def spy(step, batch, result, queue, *rest):
         if batch.forward_mode.name == "DECODE" and batch.batch_size() == 9 and not per_call:
             for _ in range(5):  # time the capture of this real step while its batch is live
                 t0 = time.perf_counter()
                 for _ in range(400):
-                    StepRecord.capture(step, batch, result, sched_, (0.0, 0.0, 0.0, 0.0))
+                    StepRecord.capture(step, batch, result, queue, (0.0, 0.0, 0.0, 0.0))
                 per_call.append((time.perf_counter() - t0) / 400)
-        return real(step, batch, result, sched_)
+        return real(step, batch, result, queue, *rest)
 
     monkeypatch.setattr(sched.step_log, "record", spy)
     run(sched, {f"r{i}": ids for i, ids in enumerate(list(prompts.values()) * 3)}, greedy(3))

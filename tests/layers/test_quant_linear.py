@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.kernels.cpu import load_cpu_ops, loaded_isa
-from radixserve.layers.linear import PackableLinear, quant_rows_mode
+from radixserve.layers.kernel_mode import KernelMode
+from radixserve.layers.linear import PackableLinear
 from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS
 from radixserve.layers.quantization.qweight import (
     KINDS,
@@ -209,10 +210,10 @@ def test_steps_up_to_the_cap_take_the_low_bit_path() -> None:
     few, many = torch.randn(cap, 128), torch.randn(cap + 1, 128)
     exact_few, exact_many = lin.matmul(few), lin.matmul(many)  # no mode: float32
     torch.testing.assert_close(exact_few, few @ w.T)
-    with quant_rows_mode(ops, cap):
-        q_few, q_many = lin.matmul(few), lin.matmul(many)
-    with quant_rows_mode(ops, None):  # no cap: every step
-        assert not torch.equal(lin.matmul(many), exact_many)
+    capped = KernelMode(ops, cap)
+    q_few, q_many = lin.matmul(few, None, capped), lin.matmul(many, None, capped)
+    every = KernelMode(ops, None)  # no cap: every step
+    assert not torch.equal(lin.matmul(many, None, every), exact_many)
     assert not torch.equal(q_few, exact_few)  # the low-bit kernel ran
     assert ((q_few - exact_few).norm() / exact_few.norm()).item() < 0.15  # 4-bit weights: close, not equal
     assert torch.equal(q_many, exact_many)  # more rows stay on the float32 path

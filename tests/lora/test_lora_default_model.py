@@ -40,9 +40,11 @@ def test_default_model_adapter_matches_peft_exact(model_runner, hf_oracle, smol_
 def test_low_bit_base_with_float_delta_on_top(fast_runner, smol_adapter):
     """A Q4_1 projection in the low-bit mode plus an adapter row group: exactly the kernel's output plus
     (x A^T) B^T on the adapter's rows; the other rows, and a step with no LoRABatch, are the kernel's own."""
-    from radixserve.layers.linear import quant_rows_mode
+    from types import SimpleNamespace
+
+    from radixserve.layers.kernel_mode import KernelMode
     from radixserve.lora.lora_adapter import load_adapter, read_lora_config
-    from radixserve.lora.lora_batch import LoRABatch, install_lora_hooks, lora_batch_mode, torch_lora_apply
+    from radixserve.lora.lora_batch import LoRABatch, install_lora_hooks, torch_lora_apply
 
     model = fast_runner.model
     name, proj = next((n, m) for n, m in model.named_modules() if n.endswith("layers.0.self_attn.qkv_proj"))
@@ -52,13 +54,14 @@ def test_low_bit_base_with_float_delta_on_top(fast_runner, smol_adapter):
     adapter = load_adapter(cfg, model, 1, torch.float32, torch.device("cpu"))
     torch.manual_seed(0)
     x = torch.randn(5, proj.weight_dims()[1])
-    with quant_rows_mode(fast_runner.quant_ops, None):
-        plain = proj(x)
-        with lora_batch_mode(None):
-            assert torch.equal(proj(x), plain)  # base-only: untouched
-        batch = LoRABatch.build([None, adapter, None], [2, 2, 1], torch.device("cpu"), torch_lora_apply)
-        with lora_batch_mode(batch):
-            mixed = proj(x)
+    # a stand-in for the step's ForwardBatch: the two fields a projection reads from it
+    def step(lora_batch: LoRABatch | None) -> SimpleNamespace:
+        return SimpleNamespace(kernel_mode=KernelMode(fast_runner.quant_ops, None), lora_batch=lora_batch)
+
+    plain = proj(x, step(None))
+    assert torch.equal(proj(x, step(None)), plain)  # base-only: untouched
+    batch = LoRABatch.build([None, adapter, None], [2, 2, 1], torch.device("cpu"), torch_lora_apply)
+    mixed = proj(x, step(batch))
     w = adapter.weights[name]
     want = plain.clone()
     want[2:4] += (x[2:4] @ w.A.t()) @ w.B.t()

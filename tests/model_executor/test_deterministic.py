@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.kernels.cpu import load_cpu_ops
-from radixserve.layers.batch_invariant import ROW_TILE, batch_invariant_mode, tiled_rows
+from radixserve.layers.batch_invariant import ROW_TILE, tiled_rows
+from radixserve.layers.kernel_mode import KernelMode
 from radixserve.layers.linear import PackableLinear, onednn_linear_available
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
 from radixserve.model_executor.forward_batch_info import ForwardMode
@@ -59,9 +60,9 @@ def test_tiled_linear_row_is_independent_of_its_batch(backend, bs, data):
     row = torch.randn(1, in_f, generator=g)
     batch = torch.randn(bs, in_f, generator=g) * 3
     batch[pos] = row[0]
-    with batch_invariant_mode(True):
-        alone = lin.matmul(row, b)
-        together = lin.matmul(batch, b)
+    mode = KernelMode(batch_invariant=True)
+    alone = lin.matmul(row, b, mode)
+    together = lin.matmul(batch, b, mode)
     assert together.shape == (bs, out_f) and together.is_contiguous()
     assert torch.equal(together[pos], alone[0])
     torch.testing.assert_close(together, torch.nn.functional.linear(batch, lin.weight, b), atol=1e-4, rtol=1e-4)

@@ -12,20 +12,22 @@ compute exactly this; the architectures differ only in the config numbers (Model
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
 from radixserve.layers.activation import gated_activation
-from radixserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear, low_bit_mode
+from radixserve.layers.kernel_mode import step_kernels
+from radixserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from radixserve.layers.moe.expert_load import ExpertLoad
 from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.moe.fused_experts import fused_experts
 from radixserve.layers.moe.router import TopKRouting, softmax_topk
 
 if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
     from radixserve.model_loader.model_config import ModelConfig
 
 KERNEL_ACTS = {"silu": 0, "gelu_tanh": 1}  # ModelConfig.hidden_act -> csrc/fused_experts.cpp's act
@@ -40,8 +42,8 @@ class SharedExpertMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, hidden, False, ps)
         self.act = gated_activation(act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, forward_batch: ForwardBatch | None) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x, forward_batch)), forward_batch)
 
 
 class SparseMoeBlock(nn.Module):
@@ -65,26 +67,26 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate.weight.requires_grad_(False)
         self.expert_load: ExpertLoad | None = None  # the model's accumulator (observability)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, forward_batch: ForwardBatch | None = None) -> torch.Tensor:
         routing = softmax_topk(self.gate(x), self.top_k, self.renormalize)
-        out, counts = self._experts(x, routing)
+        out, counts = self._experts(x, routing, step_kernels(forward_batch).low_bit_ops(x.shape[0]))
         out = self.ps.all_reduce(out)
         if self.expert_load is not None:
             self.expert_load.add(self.layer_id, counts)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, forward_batch)
         return out
 
-    def _experts(self, x: torch.Tensor, routing: TopKRouting) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's experts' share of the output, and the step's tokens per (global) expert."""
-        ex, mode = self.experts, low_bit_mode()
-        if ex.low_bit is not None and mode is not None and x.dtype == torch.float32 and \
-                (mode.max_rows is None or x.shape[0] <= mode.max_rows):
+    def _experts(self, x: torch.Tensor, routing: TopKRouting, ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's experts' share of the output, and the step's tokens per (global) expert. `ops`: the
+        low-bit kernels when this step runs them (KernelMode.low_bit_ops), else None."""
+        ex = self.experts
+        if ex.low_bit is not None and ops is not None and x.dtype == torch.float32:
             w13, w2 = ex.low_bit
             out = torch.empty_like(x)
-            mode.ops.fused_experts(x.contiguous(), routing.ids.contiguous(), routing.weights.contiguous(),
-                                   ex.expert_offset, w13.kind, w13.n, w13.data, w13.d, w13.m, w2.kind, w2.data,
-                                   w2.d, w2.m, self.kernel_act, out)
+            ops.fused_experts(x.contiguous(), routing.ids.contiguous(), routing.weights.contiguous(),
+                              ex.expert_offset, w13.kind, w13.n, w13.data, w13.d, w13.m, w2.kind, w2.data,
+                              w2.d, w2.m, self.kernel_act, out)
             return out, torch.bincount(routing.ids.reshape(-1), minlength=self.num_experts)
         if ex.w13 is None or ex.w2 is None:
             raise RuntimeError("these experts keep only their low-bit copy (their float weights were released), "
