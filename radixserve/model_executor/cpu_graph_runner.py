@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
+from radixserve.layers.moe import SparseMoeBlock
 from radixserve.models.base import DECODE_STACK_LAYERS, LayerArithmetic
 
 if TYPE_CHECKING:
@@ -56,9 +57,20 @@ def _arithmetic_tensors(layer: Any, arithmetic: LayerArithmetic) -> list[torch.T
 
 
 def _projections(layer: Any) -> list[Any]:
-    """The four projections the stack runs, in its order."""
+    """The projections the stack runs, in its order: qkv, o and a dense MLP's gate_up, down (a MoE layer's
+    experts: _moe_tensors)."""
     attn, mlp = layer.self_attn, layer.mlp
-    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    dense = [] if isinstance(mlp, SparseMoeBlock) else [mlp.gate_up_proj, mlp.down_proj]
+    return [attn.qkv_proj, attn.o_proj, *dense]
+
+
+def _moe_tensors(block: SparseMoeBlock) -> tuple[list[torch.Tensor], list[int]]:
+    """DecodeStack.add_moe_layer's `moe` and `ints`: the router and the stacked low-bit experts."""
+    assert block.experts.low_bit is not None
+    w13, w2 = block.experts.low_bit
+    moe = [block.gate.weight.data, w13.data, w13.d, w13.m if w13.m is not None else _EMPTY,
+           w2.data, w2.d, w2.m if w2.m is not None else _EMPTY]
+    return moe, [block.top_k, int(block.renormalize), w13.kind, w2.kind, block.experts.inter_per_rank]
 
 
 class CpuGraphRunner:
@@ -71,6 +83,7 @@ class CpuGraphRunner:
         # each layer's four projections by module name: what LoRA weights are keyed by (lora_dense.py)
         names = {id(m): n for n, m in self.model.named_modules()}
         self._proj_names = [[names[id(p)] for p in _projections(layer)] for layer in self.model.model.layers]
+        self._moe_layers = [i for i, layer in enumerate(self.model.model.layers) if isinstance(layer.mlp, SparseMoeBlock)]
         self._lora_bound: dict[str, DenseWeights] | None = None  # the adapter set the stack holds now
 
     @classmethod
@@ -109,8 +122,13 @@ class CpuGraphRunner:
             attn, mlp = layer.self_attn, layer.mlp
             if any(p.qweight is None for p in _projections(layer)):
                 return "a projection has no low-bit copy"
-            if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
-                return "o_proj / down_proj with a bias"
+            if isinstance(mlp, SparseMoeBlock):
+                if mlp.experts.low_bit is None:
+                    return f"layer {i}'s experts have no low-bit copy"
+            elif mlp.down_proj.bias is not None:
+                return "down_proj with a bias"
+            if attn.o_proj.bias is not None:
+                return "o_proj with a bias"
         return None
 
     @staticmethod
@@ -135,16 +153,20 @@ class CpuGraphRunner:
                 kinds.append(qw.kind)
             # the stack computes what the layer declares (what _unsupported checked)
             arithmetic = model.layer_arithmetic(i)
-            stack.add_layer(tensors, kinds, _arithmetic_tensors(layer, arithmetic), arithmetic.sliding_window or 0,
-                            float(arithmetic.logit_cap or 0.0), arithmetic.activation)
+            args = (_arithmetic_tensors(layer, arithmetic), arithmetic.sliding_window or 0,
+                    float(arithmetic.logit_cap or 0.0), arithmetic.activation)
+            if isinstance(layer.mlp, SparseMoeBlock):  # the dense MLP's slots: unused placeholders
+                stack.add_moe_layer(tensors + [_EMPTY] * 6, kinds + [0, 0], *args, *_moe_tensors(layer.mlp))
+            else:
+                stack.add_layer(tensors, kinds, *args)
         return stack
 
     def can_run(self, fb: ForwardBatch) -> bool:
         """DECODE, or TARGET_VERIFY (each request's last token + its drafts), of <= max_rows rows; with
         adapter rows, when the step's adapters are laid side by side (few rows: LoRABatch.dense)."""
         lora = fb.lora_batch
-        if lora is not None and (lora.dense is None or lora.dense.ops is None):  # the stack runs lora_sgmv's layout
-            return False
+        if lora is not None and (lora.dense is None or lora.dense.ops is None or self._moe_layers):
+            return False  # the stack runs lora_sgmv's layout, and no adapters on a MoE model's layers
         mode = fb.forward_mode
         rows = fb.input_ids.shape[0]
         return ((mode.is_decode() or mode.is_target_verify()) and rows >= 1
@@ -164,6 +186,10 @@ class CpuGraphRunner:
                                              b.query_len, lora.dense.row_group)
             self.lora_replays += 1
         self.replays += 1
+        if self._moe_layers and model.expert_load is not None:  # the step's expert load, as the layers add it
+            counts = self.stack.expert_counts()
+            for i in self._moe_layers:
+                model.expert_load.add(i, counts[i])
         return model.logits_processor(hidden, model.lm_head, fb)
 
     def _bind_lora(self, weights: dict[str, DenseWeights]) -> None:

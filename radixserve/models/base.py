@@ -63,7 +63,8 @@ class LayerArithmetic:
     partial_rotary: bool  # RoPE on the leading dims of a head only
     sliding_window: int | None
     logit_cap: float | None
-    # mixture of experts (layers/moe/): "dense" gated MLP | "moe" routed experts; QK-norm over the whole
+    # mixture of experts (layers/moe/): "dense" gated MLP | "moe" routed experts | "moe_shared" routed experts
+    # beside a gated shared expert (Qwen2-MoE); QK-norm over the whole
     # q / k width instead of per head (OLMoE)
     mlp: str = "dense"
     qk_norm_full: bool = False
@@ -104,12 +105,13 @@ class LayerArithmeticSet:
 
 
 # What kernels/cpu/csrc/decode_stack.cpp implements: Llama, Qwen2/3, Mistral, Gemma 2/3 layers, with any
-# window and attention soft-cap (paged_attention's arguments); not partial rotary (Phi-3's).
+# window and attention soft-cap (paged_attention's arguments), and routed-expert MLPs (fused_experts);
+# not partial rotary (Phi-3's), not a shared expert (Qwen2-MoE's), not OLMoE's full-width QK-norm.
 DECODE_STACK_LAYERS = LayerArithmeticSet(
     norms=frozenset({"pre", "sandwich"}), qk_norm=frozenset({False, True}),
     activation=frozenset({"silu", "gelu_tanh"}), qkv_bias=frozenset({False, True}),
     partial_rotary=frozenset({False}), sliding_window=ANY_VALUE, logit_cap=ANY_VALUE,
-    mlp=frozenset({"dense"}), qk_norm_full=frozenset({False}),
+    mlp=frozenset({"dense", "moe"}), qk_norm_full=frozenset({False}),
 )
 
 
@@ -289,7 +291,8 @@ class CausalLM(nn.Module):
             norms="sandwich" if cfg.sandwich_norms else "pre", qk_norm=cfg.qk_norm, activation=cfg.hidden_act,
             qkv_bias=cfg.attention_bias, partial_rotary=cfg.rotary_dim != 0,
             sliding_window=cfg.layer_window(layer_id), logit_cap=cfg.attn_logit_softcap,
-            mlp="moe" if layer_id in cfg.moe_layers else "dense", qk_norm_full=cfg.qk_norm_full,
+            mlp=("moe_shared" if cfg.shared_expert_intermediate_size else "moe") if layer_id in cfg.moe_layers
+            else "dense", qk_norm_full=cfg.qk_norm_full,
         )
 
     @torch.inference_mode()

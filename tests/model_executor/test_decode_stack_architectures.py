@@ -20,13 +20,14 @@ from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.models.base import DECODE_STACK_LAYERS
 from radixserve.server_args import ServerArgs
 from tests.model_executor.hand_batch import HandBatch
+from tests.models.moe_models import MOE_ARCHITECTURES, make_moe_model
 from tests.models.test_architectures import ARCHITECTURES, VOCAB, W, make_hf_model
 
 ops, why = load_cpu_ops()
 pytestmark = pytest.mark.skipif(ops is None, reason=f"no C++ kernels: {why}")
 
 # architecture -> the LayerArithmetic field the stack does not implement
-REFUSED = {"phi3_partial": "partial_rotary=True"}
+REFUSED = {"phi3_partial": "partial_rotary=True", "moe_olmoe": "qk_norm_full=True", "moe_qwen2_moe": "mlp='moe_shared'"}
 PROMPT_LENS = (3 * W + 12, 3 * W + 5, 3 * W + 1)  # every prompt past three windows, all of different lengths
 DRAFTS = 2  # TARGET_VERIFY: each request's last token + 2 drafts
 
@@ -35,16 +36,19 @@ DRAFTS = 2  # TARGET_VERIFY: each request's last token + 2 drafts
 # view of the qkv output, not a copy, on its way to the per-head norm
 VARIANTS = {arch: (arch, {}) for arch in ARCHITECTURES}
 VARIANTS.update({f"{arch}_one_kv_head": (arch, {"num_key_value_heads": 1}) for arch in ("qwen3", "gemma3")})
+# mixture of experts (tests/models/moe_models.py): routed experts through fused_experts inside the stack
+VARIANTS.update({f"moe_{arch}": (arch, {}) for arch in MOE_ARCHITECTURES})
+VARIANTS["moe_qwen2_moe"] = ("qwen2_moe", {"shared_expert_intermediate_size": 64})  # int8 takes 32-wide blocks
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def stacked(request, tmp_path_factory) -> tuple[str, ModelRunner]:
     arch, overrides = VARIANTS[request.param]
     path = tmp_path_factory.mktemp(request.param)
-    make_hf_model(arch, path, **overrides)
+    (make_moe_model if request.param.startswith("moe_") else make_hf_model)(arch, path, **overrides)
     args = ServerArgs(model_path=str(path), quantization="int8", dtype="float32", max_total_tokens=2048,
                       max_running_requests=8)
-    return arch, ModelRunner(args)
+    return request.param, ModelRunner(args)
 
 
 def _prompts() -> list[list[int]]:
@@ -93,13 +97,19 @@ def test_stack_equals_the_layer_by_layer_path(stacked) -> None:
         pytest.skip(f"the stack does not implement {arch}'s layers")
     layered = ModelRunner(runner.server_args.replace(disable_cpu_graph=True), model=runner.model)
     assert layered.cpu_graph_runner is None
+    load = getattr(runner.model, "expert_load", None)  # MoE: the step's tokens per expert, both paths
+    if load is not None:
+        load.take()
     before = runner.cpu_graph_runner.replays
     stack_logits = _logits(runner)
     assert runner.cpu_graph_runner.replays == before + len(stack_logits)  # every step went through the stack
+    stack_load = load.take() if load is not None else None
     layer_logits = _logits(layered)
     for step, (a, b) in enumerate(zip(stack_logits, layer_logits)):
         assert a.shape == b.shape
         assert torch.equal(a, b), f"{arch} step {step}: max |difference| {(a - b).abs().max().item():.3e}"
+    if load is not None:
+        assert stack_load == load.take() and stack_load
 
 
 def test_gemma3_binds_both_rope_bases(stacked) -> None:

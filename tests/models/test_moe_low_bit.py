@@ -20,7 +20,7 @@ from tests.models.test_moe_gguf import write_moe_gguf
 QUANT = {"ffn_gate_exps": "Q4_0", "ffn_up_exps": "Q5_1", "ffn_down_exps": "Q8_0"}
 
 ops, why = load_cpu_ops()
-pytestmark = pytest.mark.skipif(ops is None, reason=f"no C++ kernels: {why}")
+pytestmark = pytest.mark.skipif(ops is None, reason=f"no C++ kernels: {why}")  # the default and deterministic modes need them
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +83,15 @@ def test_a_requests_logprobs_do_not_depend_on_its_batch(runners) -> None:
     for i in (0, 3):
         alone = _logprobs(fast, [prompts[i]])[0]
         assert torch.equal(alone, batched[i])
+
+
+def test_deterministic_mode_is_batch_invariant_through_the_experts(tmp_path) -> None:
+    """--enable-deterministic-inference (float experts, fixed row tiles): a request's logprobs are bit for
+    bit the same alone and beside others that load its experts with more rows."""
+    make_moe_model("mixtral", tmp_path / "hf", skewed=True)  # every token picks the hot expert: its GEMM grows
+    runner = ModelRunner(ServerArgs(model_path=str(tmp_path / "hf"), max_total_tokens=2048, max_running_requests=8,
+                                    enable_deterministic_inference=True))
+    prompts = _prompts(13, (21, 7, 33, 12, 40))
+    batched = _logprobs(runner, prompts)
+    for i in (1, 4):
+        assert torch.equal(_logprobs(runner, [prompts[i]])[0], batched[i])

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.layers.batch_invariant import tiled_rows
 from radixserve.layers.moe.router import TopKRouting
 
 
@@ -26,14 +27,16 @@ def expert_order(routing: TopKRouting, num_experts: int) -> tuple[torch.Tensor, 
 
 def fused_experts(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, routing: TopKRouting, act: nn.Module,
-    num_experts: int, expert_offset: int = 0,
+    num_experts: int, expert_offset: int = 0, batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """sum_k weight_k * down_e(act(gate_e(x)) * up_e(x)) for the experts e this rank holds.
 
     x [tokens, hidden]; w13 [local experts, 2 * inter, hidden] (gate rows then up rows, as act() splits
     them); w2 [local experts, hidden, inter]. The local experts are global ids expert_offset ..
     expert_offset + len(w13); pairs routed elsewhere contribute nothing here. Returns (out [tokens, hidden]
-    in x's dtype, tokens per global expert [num_experts] int64: every expert's, whoever holds it)."""
+    in x's dtype, tokens per global expert [num_experts] int64: every expert's, whoever holds it).
+    batch_invariant (--enable-deterministic-inference): each expert's GEMMs in fixed row tiles, so a token's
+    result does not depend on how many others chose its experts (a token's experts add in expert order)."""
     local = w13.shape[0]
     order, tokens, counts = expert_order(routing, num_experts)
     flat_weights = routing.weights.reshape(-1)
@@ -45,7 +48,12 @@ def fused_experts(
         pairs = order[start : start + n]
         rows = tokens[start : start + n]
         start += n
-        h = act(F.linear(x[rows], w13[e]))
-        y = F.linear(h, w2[e]) * flat_weights[pairs].unsqueeze(1).to(x.dtype)
+        w_up, w_down = w13[e], w2[e]
+        if batch_invariant:
+            h = act(tiled_rows(lambda r: F.linear(r, w_up), x[rows]))
+            y = tiled_rows(lambda r: F.linear(r, w_down), h)
+        else:
+            y = F.linear(act(F.linear(x[rows], w_up)), w_down)
+        y = y * flat_weights[pairs].unsqueeze(1).to(x.dtype)
         out.index_add_(0, rows, y)
     return out, counts

@@ -69,7 +69,8 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, forward_batch: ForwardBatch | None = None) -> torch.Tensor:
         routing = softmax_topk(self.gate(x), self.top_k, self.renormalize)
-        out, counts = self._experts(x, routing, step_kernels(forward_batch).low_bit_ops(x.shape[0]))
+        mode = step_kernels(forward_batch)
+        out, counts = self._experts(x, routing, mode.low_bit_ops(x.shape[0]), mode.batch_invariant)
         out = self.ps.all_reduce(out)
         if self.expert_load is not None:
             self.expert_load.add(self.layer_id, counts)
@@ -77,7 +78,8 @@ class SparseMoeBlock(nn.Module):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x, forward_batch)
         return out
 
-    def _experts(self, x: torch.Tensor, routing: TopKRouting, ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def _experts(self, x: torch.Tensor, routing: TopKRouting, ops: Any,
+                 batch_invariant: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's experts' share of the output, and the step's tokens per (global) expert. `ops`: the
         low-bit kernels when this step runs them (KernelMode.low_bit_ops), else None."""
         ex = self.experts
@@ -91,4 +93,4 @@ class SparseMoeBlock(nn.Module):
         if ex.w13 is None or ex.w2 is None:
             raise RuntimeError("these experts keep only their low-bit copy (their float weights were released), "
                                "but the step did not run in a low-bit mode")
-        return fused_experts(x, ex.w13, ex.w2, routing, self.act, self.num_experts, ex.expert_offset)
+        return fused_experts(x, ex.w13, ex.w2, routing, self.act, self.num_experts, ex.expert_offset, batch_invariant)

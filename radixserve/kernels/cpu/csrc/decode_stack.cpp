@@ -18,6 +18,9 @@
 //   sandwich:  x = rms_norm(x, post_norm);  x, residual = add_rms_norm(x, residual, pre_ff_norm)
 //              x = rms_norm(down(act(gate) * up), post_ff_norm)
 //   act = silu or gelu_tanh
+//   a MoE layer (add_moe_layer) replaces down(act(gate) * up) by SparseMoeBlock's: router logits x . Wr^T
+//   (float32, at::linear as nn.Linear), softmax, top-k [renormalised], then fused_experts (fused_experts.cpp)
+//   on the experts' stacked low-bit blocks; each step's tokens per expert are kept (expert_counts())
 // then x = add_rms_norm(x, residual, final_norm) is returned (the LM head stays in Python; so do
 // Gemma's embedding scale and final-logit soft-cap, which lie outside the stack).
 //
@@ -29,6 +32,7 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <string>
@@ -59,6 +63,11 @@ struct StackLayer {
   int64_t window = 0;                       // sliding window, 0 = global
   double softcap = 0.0;                     // attention logit soft-cap, 0 = none
   Activation act = Activation::Silu;
+  // a MoE layer's routed experts (no shared expert): router [E, hidden] float32, stacked gate_up / down
+  bool moe = false;
+  at::Tensor router, w13_data, w13_d, w13_m, w2_data, w2_d, w2_m;
+  int64_t top_k = 0, kind13 = 0, kind2 = 0, moe_inter = 0;
+  bool renormalize = false;
 };
 
 class DecodeStack : public torch::CustomClassHolder {
@@ -80,26 +89,40 @@ class DecodeStack : public torch::CustomClassHolder {
   void add_layer(std::vector<at::Tensor> t, std::vector<int64_t> kinds, std::vector<at::Tensor> arith,
                  int64_t window, double softcap, std::string activation) {
     TORCH_CHECK(t.size() == 17 && kinds.size() == 4, "DecodeStack.add_layer: 17 tensors and 4 kinds");
-    StackLayer L;
-    L.in_norm = t[0], L.post_norm = t[1], L.qkv_bias = t[2], L.k_buf = t[3], L.v_buf = t[4];
-    check_vec(L.in_norm, H_, "in_norm");
-    check_vec(L.post_norm, H_, "post_norm");
-    const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
-    if (L.qkv_bias.numel() > 0) check_vec(L.qkv_bias, qkv_n, "qkv_bias");
-    for (const at::Tensor* kv : {&L.k_buf, &L.v_buf}) {
-      TORCH_CHECK((kv->scalar_type() == at::kFloat || kv->scalar_type() == at::kBFloat16) &&
-                      kv->scalar_type() == L.k_buf.scalar_type() && kv->is_contiguous() && kv->dim() == 3 &&
-                      kv->size(1) == Hkv_ && kv->size(2) == D_,
-                  "DecodeStack.add_layer: KV buffers must be float32 or bfloat16 [slots, kv_heads, head_dim]");
-    }
+    StackLayer L = attention_part(t, kinds);
     L.keep.assign(t.begin() + 5, t.end());
-    L.qkv = qmat_from_tensors(kinds[0], qkv_n, H_, t[5], t[6], t[7], "DecodeStack qkv_proj");
-    L.o = qmat_from_tensors(kinds[1], H_, Hq_ * D_, t[8], t[9], t[10], "DecodeStack o_proj");
     L.gate_up = qmat_from_tensors(kinds[2], 2 * I_, H_, t[11], t[12], t[13], "DecodeStack gate_up_proj");
     L.down = qmat_from_tensors(kinds[3], H_, I_, t[14], t[15], t[16], "DecodeStack down_proj");
     set_arithmetic(L, arith, window, softcap, activation);
     layers_.push_back(std::move(L));
   }
+
+  // A MoE layer: t and kinds as add_layer's for qkv and o (t[11..16] and kinds[2..3], the dense MLP's, are not
+  // read), moe = [router, gate_up data, d, m, down data, d, m] (m empty for kinds without mins), ints =
+  // [top_k, renormalize, gate_up kind, down kind, expert intermediate size]. fused_experts checks the experts'
+  // tensors on each call (as the layer-by-layer path's op does).
+  void add_moe_layer(std::vector<at::Tensor> t, std::vector<int64_t> kinds, std::vector<at::Tensor> arith,
+                     int64_t window, double softcap, std::string activation, std::vector<at::Tensor> moe,
+                     std::vector<int64_t> ints) {
+    TORCH_CHECK(t.size() == 17 && kinds.size() == 4 && moe.size() == 7 && ints.size() == 5,
+                "DecodeStack.add_moe_layer: 17 tensors, 4 kinds, 7 expert tensors and 5 ints");
+    const int64_t E = moe[0].dim() == 2 ? moe[0].size(0) : 0;
+    TORCH_CHECK(moe[0].scalar_type() == at::kFloat && moe[0].is_contiguous() && E >= 1 && moe[0].size(1) == H_,
+                "DecodeStack.add_moe_layer: router must be float32 [experts, ", H_, "]");
+    TORCH_CHECK(ints[0] >= 1 && ints[0] <= E && ints[4] >= 1, "DecodeStack.add_moe_layer: top_k ", ints[0],
+                " outside 1..", E, " or a bad expert size ", ints[4]);
+    StackLayer L = attention_part(t, kinds);
+    L.keep.assign(t.begin() + 5, t.begin() + 11);
+    set_arithmetic(L, arith, window, softcap, activation);
+    L.moe = true;
+    L.router = moe[0], L.w13_data = moe[1], L.w13_d = moe[2], L.w13_m = moe[3];
+    L.w2_data = moe[4], L.w2_d = moe[5], L.w2_m = moe[6];
+    L.top_k = ints[0], L.renormalize = ints[1] != 0, L.kind13 = ints[2], L.kind2 = ints[3], L.moe_inter = ints[4];
+    layers_.push_back(std::move(L));
+  }
+
+  // Tokens per expert of each layer in the last forward: int64 [layers, max experts] (a dense layer's row: 0).
+  at::Tensor expert_counts() const { return counts_; }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
@@ -135,6 +158,9 @@ class DecodeStack : public torch::CustomClassHolder {
   at::Tensor forward_lora(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
                           const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor& row_group) {
     TORCH_CHECK(lora_.size() == layers_.size(), "DecodeStack.forward_lora: set_lora first");
+    for (const StackLayer& Ly : layers_) {
+      TORCH_CHECK(!Ly.moe, "DecodeStack.forward_lora: a MoE layer takes no adapters here");
+    }
     TORCH_CHECK(row_group.scalar_type() == at::kLong && row_group.is_contiguous() && row_group.numel() == x_in.size(0),
                 "DecodeStack.forward_lora: row_group must be int64 [M]");
     return run(x_in, positions, out_loc, kv_idx, seq_lens, L, &row_group);
@@ -186,6 +212,9 @@ class DecodeStack : public torch::CustomClassHolder {
     const c10::optional<at::Tensor> with_residual(residual);
     float* xp = x.data_ptr<float>();
     float* qkvp = qkv.data_ptr<float>();
+    int64_t max_experts = 0;
+    for (const StackLayer& Ly : layers_) max_experts = std::max<int64_t>(max_experts, Ly.moe ? Ly.router.size(0) : 0);
+    counts_ = at::zeros({static_cast<int64_t>(layers_.size()), max_experts}, x_in.options().dtype(at::kLong));
     for (size_t l = 0; l < layers_.size(); ++l) {
       StackLayer& Ly = layers_[l];
       if (l == 0) {
@@ -218,6 +247,11 @@ class DecodeStack : public torch::CustomClassHolder {
       } else {
         fused_add_rms_norm_(x, with_residual, Ly.post_norm, eps_);
       }
+      if (Ly.moe) {
+        moe_mlp(Ly, x, static_cast<int64_t>(l));
+        if (sandwich) fused_add_rms_norm_(x, no_residual, Ly.post_ff_norm, eps_);
+        continue;
+      }
       quantize_rows_q8(xp, M, H_, H_, act_q_);
       qgemm(Ly.gate_up, act_q_, nullptr, gu.data_ptr<float>(), 2 * I_);
       if (row_group) lora_delta(lora_[l][2], x, gu, *row_group);
@@ -233,6 +267,42 @@ class DecodeStack : public torch::CustomClassHolder {
     }
     fused_add_rms_norm_(x, with_residual, final_norm_, eps_);
     return x;
+  }
+
+  // A layer's norms, KV buffers and attention projections from add_layer's t[0..10] and kinds[0..1].
+  StackLayer attention_part(const std::vector<at::Tensor>& t, const std::vector<int64_t>& kinds) const {
+    StackLayer L;
+    L.in_norm = t[0], L.post_norm = t[1], L.qkv_bias = t[2], L.k_buf = t[3], L.v_buf = t[4];
+    check_vec(L.in_norm, H_, "in_norm");
+    check_vec(L.post_norm, H_, "post_norm");
+    const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
+    if (L.qkv_bias.numel() > 0) check_vec(L.qkv_bias, qkv_n, "qkv_bias");
+    for (const at::Tensor* kv : {&L.k_buf, &L.v_buf}) {
+      TORCH_CHECK((kv->scalar_type() == at::kFloat || kv->scalar_type() == at::kBFloat16) &&
+                      kv->scalar_type() == L.k_buf.scalar_type() && kv->is_contiguous() && kv->dim() == 3 &&
+                      kv->size(1) == Hkv_ && kv->size(2) == D_,
+                  "DecodeStack.add_layer: KV buffers must be float32 or bfloat16 [slots, kv_heads, head_dim]");
+    }
+    L.qkv = qmat_from_tensors(kinds[0], qkv_n, H_, t[5], t[6], t[7], "DecodeStack qkv_proj");
+    L.o = qmat_from_tensors(kinds[1], H_, Hq_ * D_, t[8], t[9], t[10], "DecodeStack o_proj");
+    return L;
+  }
+
+  // x <- SparseMoeBlock(x) with the same ATen ops for the router as layers/moe/router.py (so the same
+  // experts and weights) and the same fused_experts op, in place.
+  void moe_mlp(const StackLayer& Ly, at::Tensor& x, int64_t l) {
+    const at::Tensor probs = at::softmax(at::linear(x, Ly.router), -1);
+    auto [weights, ids] = at::topk(probs, Ly.top_k, -1);
+    if (Ly.renormalize) weights = weights / weights.sum(-1, true);
+    ids = ids.contiguous();
+    at::Tensor out = at::empty_like(x);
+    const c10::optional<at::Tensor> m13 = Ly.w13_m.numel() > 0 ? c10::optional<at::Tensor>(Ly.w13_m) : c10::nullopt;
+    const c10::optional<at::Tensor> m2 = Ly.w2_m.numel() > 0 ? c10::optional<at::Tensor>(Ly.w2_m) : c10::nullopt;
+    fused_experts(x, ids, weights.contiguous(), 0, Ly.kind13, 2 * Ly.moe_inter, Ly.w13_data, Ly.w13_d, m13, Ly.kind2,
+                  Ly.w2_data, Ly.w2_d, m2, Ly.act == Activation::GeluTanh ? 1 : 0, out);
+    x.copy_(out);
+    const int64_t E = Ly.router.size(0);
+    counts_[l].narrow(0, 0, E).copy_(at::bincount(ids.reshape(-1), {}, E));
   }
 
   static void lora_delta(const LoraProj& p, const at::Tensor& x, at::Tensor& out, const at::Tensor& row_group) {
@@ -318,6 +388,7 @@ class DecodeStack : public torch::CustomClassHolder {
   Q8ActRows act_q_;
   int64_t buf_rows_ = -1;
   at::Tensor residual_, qkv_, q_, attn_, gu_, act_, qn_, kn_;
+  at::Tensor counts_;  // expert_counts()
 };
 
 }  // namespace
@@ -327,6 +398,8 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.class_<radixserve::DecodeStack>("DecodeStack")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor>())
       .def("add_layer", &radixserve::DecodeStack::add_layer)
+      .def("add_moe_layer", &radixserve::DecodeStack::add_moe_layer)
+      .def("expert_counts", &radixserve::DecodeStack::expert_counts)
       .def("num_layers", &radixserve::DecodeStack::num_layers)
       .def("forward", &radixserve::DecodeStack::forward)
       .def("set_lora", &radixserve::DecodeStack::set_lora)

@@ -29,4 +29,11 @@ void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tenso
 void lora_sgmv(const at::Tensor& x, const at::Tensor& row_group, const at::Tensor& A, const at::Tensor& Bt,
                const at::Tensor& blocks, at::Tensor& out);
 
+// fused_experts.cpp: a MoE layer's routed experts on their stacked low-bit blocks (schema in ops.cpp)
+void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                   int64_t expert_offset, int64_t kind13, int64_t n13, const at::Tensor& data13,
+                   const at::Tensor& d13, const c10::optional<at::Tensor>& m13, int64_t kind2,
+                   const at::Tensor& data2, const at::Tensor& d2, const c10::optional<at::Tensor>& m2,
+                   int64_t act, at::Tensor& out);
+
 }  // namespace radixserve
