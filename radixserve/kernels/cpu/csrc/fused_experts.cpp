@@ -10,9 +10,9 @@
 //   1. the step's (token, slot) pairs are grouped by expert (stable: each expert sees its tokens in order)
 //      and their rows gathered and quantised once, so each selected expert's weights are read once per
 //      step however many tokens chose it; an expert no token chose is never touched;
-//   2. gate_up: work items are (expert, block of 8-row weight groups) over that expert's rows, pulled by
-//      the threads from one counter (a hot expert's items spread over every thread, a cold one's cost
-//      nothing);
+//   2. gate_up: work items are (expert, block of 8-row weight groups) over that expert's rows, each thread
+//      a contiguous run of items of equal cost (a hot expert's items spread over every thread, a cold
+//      one's cost nothing);
 //   3. the gated activation (decoder_glue.cpp's, the same floats as the dense MLP), re-quantised;
 //   4. down: the same (expert, row block) items;
 //   5. each token sums its own slots in slot order (never in expert order), so a token's result is the
@@ -22,7 +22,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <vector>
 
 #include "ops.h"
@@ -69,20 +68,36 @@ StackedQMat stacked_from_tensors(int64_t kind, int64_t N, int64_t K, const at::T
   return s;
 }
 
-// Runs fn(item) for items 0 .. n - 1 on every thread, each pulling the next item from one counter.
-template <typename Fn>
-void for_each_item(int64_t n, const Fn& fn) {
-  if (n == 0) return;
-  std::atomic<int64_t> next{0};
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
-  });
-}
-
 struct Item {
   int64_t e, g0, g1;
 };
+
+// Runs fn(item) for every item, each thread one contiguous run of items of about equal cost (rows x groups):
+// contiguous, because a thread streaming its own stretch of one expert's weights ran the 2-thread decode
+// step 1.9x faster than threads pulling interleaved items from a shared counter (measured: 16 layers of
+// 4-of-32 experts, 1 row, Zen 5: 6.0 vs 3.1 ms); weighted, so a hot expert's rows still spread over every
+// thread.
+template <typename Fn>
+void for_each_item(const std::vector<Item>& items, const std::vector<int64_t>& start, const Fn& fn) {
+  const int64_t n = static_cast<int64_t>(items.size());
+  if (n == 0) return;
+  std::vector<int64_t> cost(n + 1, 0);  // prefix sums
+  for (int64_t i = 0; i < n; ++i) {
+    const Item& it = items[i];
+    cost[i + 1] = cost[i] + (start[it.e + 1] - start[it.e]) * (it.g1 - it.g0);
+  }
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, threads, 1, [&](int64_t ta, int64_t tb) {
+    for (int64_t t = ta; t < tb; ++t) {
+      // items whose cost midpoint falls in this thread's share [t, t + 1) * total / threads
+      const int64_t lo = cost[n] * t / threads, hi = cost[n] * (t + 1) / threads;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t mid = (cost[i] + cost[i + 1]) / 2;
+        if (mid >= lo && (mid < hi || t + 1 == threads)) fn(i);
+      }
+    }
+  });
+}
 
 // Items (expert, groups g0 .. g1) for every expert with rows, for a projection of G groups.
 std::vector<Item> expert_items(const std::vector<int64_t>& start, int64_t G) {
@@ -156,7 +171,7 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
   at::Tensor h = at::empty({P, n13}, x.options());
   float* hp = h.data_ptr<float>();
   const std::vector<Item> items13 = expert_items(start, w13.first.G);
-  for_each_item(static_cast<int64_t>(items13.size()), [&](int64_t i) {
+  for_each_item(items13, start, [&](int64_t i) {
     const Item& it = items13[i];
     qgemm_range(w13.expert(it.e), act_rows, hp, n13, it.g0, it.g1, start[it.e], start[it.e + 1]);
   });
@@ -174,7 +189,7 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
   at::Tensor y = at::empty({P, H}, x.options());
   float* yp = y.data_ptr<float>();
   const std::vector<Item> items2 = expert_items(start, w2.first.G);
-  for_each_item(static_cast<int64_t>(items2.size()), [&](int64_t i) {
+  for_each_item(items2, start, [&](int64_t i) {
     const Item& it = items2[i];
     qgemm_range(w2.expert(it.e), act_rows, yp, H, it.g0, it.g1, start[it.e], start[it.e + 1]);
   });
