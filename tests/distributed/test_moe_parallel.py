@@ -15,8 +15,11 @@ from tests.models.moe_models import make_moe_model
 from tests.models.test_moe_gguf import write_moe_gguf
 
 LAYOUTS = ({}, {"tp_size": 2}, {"tp_size": 2, "ep_size": 2})
+# the other forward modes at ep 2: chunked EXTEND + MIXED steps, and n-gram TARGET_VERIFY through the experts
+EP_MODES = ({"tp_size": 2, "ep_size": 2, "chunked_prefill_size": 7, "enable_mixed_chunk": True},
+            {"tp_size": 2, "ep_size": 2, "speculative_algorithm": "ngram", "speculative_num_draft_tokens": 3})
 PARAMS = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
-IDS = [[(7 * i + 3) % 300 for i in range(24)], [5, 17, 99, 3, 42]]
+IDS = [[(7 * i + 3) % 300 for i in range(24)], [5, 17, 99, 3, 42], [11, 12, 13, 14] * 5]  # repeats: n-gram drafts
 
 
 def _generate(path: str, tokenizer: str, **kw) -> list[dict]:
@@ -43,7 +46,7 @@ def test_exact_mode_tp_and_ep_match_transformers(tmp_path, default_model_path, a
     model = make_moe_model(arch, path, skewed=skewed)
     refs = [_hf_greedy(model, ids) for ids in IDS]
     base = None
-    for layout in LAYOUTS:
+    for layout in LAYOUTS + (EP_MODES if skewed else ()):
         outs = _generate(str(path), default_model_path, quantization="none", dtype="float32", **layout)
         assert [o["output_ids"] for o in outs] == refs, layout
         if base is None:
