@@ -122,13 +122,18 @@ def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[tuple[str, object
                  for f, (_, rows), (src, sid) in zip(fmts, entries, srcs)]  # type: ignore[misc]
         kind = join_kinds([p.kind for p in parts])
         return QuantWeight.from_rows(QuantRows.cat([p.promote(kind) for p in parts]))
-    # a float tensor stacked with low-bit ones keeps 8 bits; else the re-quantised types' own target
+    return QuantWeight.quantize(dense(mod), _requant_kind(name, fmts, types, report), name)
+
+
+def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int:
+    """The kind a layer whose tensors cannot all stay exact is re-quantised to (recorded in the report): a
+    float tensor stacked with low-bit ones keeps 8 bits; else the re-quantised types' own target."""
     targets = [QKIND_Q8_0 if f.handling == "float" else f.kind if f.handling == "exact" else f.requant_kind
                for f in fmts]
     want = QKIND_Q8_0 if any(KIND_NAMES[t] != "Q4_1" for t in targets) else QKIND_Q4_1  # type: ignore[index]
     report.requantized.append(f"{name} ({types} -> {KIND_NAMES[want]})")
     report.requantized_by_type.setdefault(types, []).append(name)
-    return QuantWeight.quantize(dense(mod), want, name)
+    return want
 
 
 def _plan_experts(name: str, mod: FusedMoE, mode: str,
@@ -157,11 +162,7 @@ def _plan_experts(name: str, mod: FusedMoE, mode: str,
             down = [expert_rows(2, e) for e in local]
             _set_experts(mod, gate_up, down, report)
             return
-        targets = [QKIND_Q8_0 if f.handling == "float" else f.kind if f.handling == "exact" else f.requant_kind
-                   for f in fmts]
-        want = QKIND_Q8_0 if any(KIND_NAMES[t] != "Q4_1" for t in targets) else QKIND_Q4_1  # type: ignore[index]
-        report.requantized.append(f"{name} ({types} -> {KIND_NAMES[want]})")
-        report.requantized_by_type.setdefault(types, []).append(name)
+        want = _requant_kind(name, fmts, types, report)
     w13, w2 = mod.w13, mod.w2
     _set_experts(mod, [QuantRows.quantize(w13[e], want, f"{name}.w13[{e}]") for e in range(mod.num_local)],
                  [QuantRows.quantize(w2[e], want, f"{name}.w2[{e}]") for e in range(mod.num_local)], report)
