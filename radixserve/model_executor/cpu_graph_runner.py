@@ -187,9 +187,7 @@ class CpuGraphRunner:
             self.lora_replays += 1
         self.replays += 1
         if self._moe_layers and model.expert_load is not None:  # the step's expert load, as the layers add it
-            counts = self.stack.expert_counts()
-            for i in self._moe_layers:
-                model.expert_load.add(i, counts[i])
+            model.expert_load.add_layers(self._moe_layers, self.stack.expert_counts())
         return model.logits_processor(hidden, model.lm_head, fb)
 
     def _bind_lora(self, weights: dict[str, DenseWeights]) -> None:

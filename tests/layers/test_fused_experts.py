@@ -7,6 +7,8 @@ test_kernel_isa.py runs `check_every_kind` under every ISA variant this CPU has.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS
 from radixserve.layers.quantization.qweight import KINDS, ExpertQuantWeight, QuantRows, QuantWeight
+from radixserve.layers.quantization.scale_factors import ScaleFactors
 from tests.layers.test_gguf_formats import random_blocks
 
 ops, why = load_cpu_ops()
@@ -34,9 +37,13 @@ def expert_weights(qtype: str | int, experts: int, n: int, k: int, seed: int, ki
         fmt = FORMATS[qtype]
         rows: QuantRows = fmt.rows(random_blocks(qtype, n, k // fmt.block_size, seed * 131 + e))
         # random blocks have scales up to float16's range: bring them to a model's size so the products
-        # stay well inside float32 (the comparison is of summation order, not of overflow)
-        top = max(float(rows.d.abs().max()), 1e-30)
-        rows = QuantRows(rows.kind, rows.q, rows.d / top * 1e-2, None if rows.m is None else rows.m / top * 1e-2)
+        # stay well inside float32 (the comparison is of summation order, not of overflow), by a power of
+        # two so the K-quants' factored scales still multiply to the flat ones exactly (and stay factored)
+        scale = 2.0 ** math.floor(math.log2(1e-2 / max(float(rows.d.abs().max()), 1e-30)))
+        f = rows.factors
+        if f is not None:
+            f = ScaleFactors(f.d_super * scale, f.d_sub, None if f.m_super is None else f.m_super * scale, f.m_sub)
+        rows = QuantRows(rows.kind, rows.q, rows.d * scale, None if rows.m is None else rows.m * scale, f)
         out.append(QuantWeight.from_rows(rows.promote(kind if kind is not None else rows.kind)))
     return ExpertQuantWeight.stack(out)
 
@@ -102,8 +109,8 @@ def test_every_gguf_block_type() -> None:
 def test_random_routings_and_shapes(kind, tokens, experts, k, hidden_blocks, inter_blocks, act, skew, seed) -> None:
     k = min(k, experts)
     hidden, inter = 32 * hidden_blocks, 32 * inter_blocks
-    # a GGUF type whose blocks land in that kind (Q8_M: Q5_K's values held in 8 bits)
-    src = kind if kind in (0, 1) else {2: "Q5_K", 3: "Q6_K", 4: "Q2_K", 5: "Q5_1"}[kind]
+    # a GGUF type whose blocks land in that kind (Q8_M: Q5_K's values held in 8 bits; Q8_16: Q6_K's)
+    src = kind if kind in (0, 1) else {2: "Q5_K", 3: "Q6_K", 4: "Q2_K", 5: "Q5_1", 6: "Q6_K"}[kind]
     if src in ("Q5_K", "Q6_K", "Q2_K"):
         hidden, inter = 256 * hidden_blocks, 256 * inter_blocks  # K-quants are 256-wide
     w13 = expert_weights(src, experts, 2 * inter, hidden, seed, kind)
@@ -119,6 +126,7 @@ def test_random_routings_and_shapes(kind, tokens, experts, k, hidden_blocks, int
 def test_a_tokens_result_does_not_depend_on_the_batch() -> None:
     """Bit for bit: a token alone, and among 37 others that load its experts with more rows."""
     w13, w2 = expert_weights("Q4_K", 8, 2 * 256, 256, 1), expert_weights("Q6_K", 8, 256, 256, 2)
+    assert w13.d.dtype == w2.d.dtype == torch.uint8  # the K-quants' factored scales, as a file's load them
     x = torch.randn(38, 256)
     ids, weights = routing(38, 8, 3, 5, hot=2)
     batched = run_kernel(x, ids, weights, w13, w2)

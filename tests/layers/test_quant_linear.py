@@ -4,6 +4,9 @@ the interleaved layout's round trip, the few-row dispatch, and bad shapes refuse
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,10 +21,13 @@ from radixserve.layers.quantization.qweight import (
     QBLOCK,
     QKIND_Q4_1,
     QKIND_Q5,
+    QKIND_Q6,
     QKIND_Q8_0,
+    QKIND_Q8_16,
     QKIND_Q8_M,
     QuantRows,
     QuantWeight,
+    join_kinds,
 )
 from tests.layers.test_gguf_formats import random_blocks
 
@@ -132,8 +138,10 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kind) -> None:
     g = torch.Generator().manual_seed(kind)
     if kind in (QKIND_Q8_0, QKIND_Q4_1):
         qw = QuantWeight.quantize(torch.randn(100, 256, generator=g), kind)
-    elif kind == QKIND_Q8_M:  # no GGUF type maps to it now (Q5_1 went to Q5): Q5_1's rows promoted
-        qw = QuantWeight.from_rows(FORMATS["Q5_1"].rows(random_blocks("Q5_1", 100, 8, kind)).promote(kind))
+    elif kind in (QKIND_Q8_M, QKIND_Q8_16):  # no GGUF type maps to these now: Q5_1's / Q6_K's rows promoted
+        src = "Q5_1" if kind == QKIND_Q8_M else "Q6_K"
+        blocks = 256 // FORMATS[src].block_size
+        qw = QuantWeight.from_rows(FORMATS[src].rows(random_blocks(src, 100, blocks, kind)).promote(kind))
     else:
         qw = gguf_weight(next(t for t in sorted(EXACT_TYPES) if FORMATS[t].kind == kind), 100, 256, kind)
     x = torch.randn(70, 256, generator=g)
@@ -233,3 +241,72 @@ def test_server_args_bounds() -> None:
         ServerArgs(quantization=mode, dtype="bfloat16")  # CPU bf16: float32 activations, the kernels take them
     assert ServerArgs().quantization == "auto"
     ServerArgs(quantization="auto", enable_deterministic_inference=True)  # auto resolves to none there
+
+
+FACTORED_TYPES = sorted(t for t in EXACT_TYPES if FORMATS[t].factors is not None)
+
+
+@needs_kernels
+@settings(max_examples=30, deadline=None)
+@given(qtype=st.sampled_from(FACTORED_TYPES), n=st.integers(1, 40), supers=st.integers(1, 3),
+       m=st.sampled_from([1, 2, 4, 5, 9, 33]), seed=st.integers(0, 2**31))
+def test_factored_scales_compute_the_flat_scales_bits(qtype, n, supers, m, seed) -> None:
+    """The K-quants' scales as the file's factors (super-scale x int8 sub-scale, scale_factors.py) form the
+    float32 products the flat layout stores, so the kernel's output is the same, bit for bit, in fewer bytes
+    (Q4_K: 4.75 bits a weight instead of 6). On the generic loops -ffast-math reassociates the flat path's
+    scale products, so there both are only within float rounding of the dequantised product."""
+    rows = FORMATS[qtype].rows(random_blocks(qtype, n, supers * 256 // FORMATS[qtype].block_size, seed))
+    assert rows.factors is not None
+    fact = QuantWeight.from_rows(rows)
+    flat = QuantWeight.from_rows(dataclasses.replace(rows, factors=None))
+    assert fact.factored and not flat.factored and fact.nbytes() < flat.nbytes()
+    assert torch.equal(fact.dequantize(), flat.dequantize())
+    x = torch.randn(m, 256 * supers, generator=torch.Generator().manual_seed(seed % 1000))
+    out = {w.factored: torch.empty(m, n) for w in (fact, flat)}
+    for w in (fact, flat):
+        ops.quant_linear(x, w.kind, w.n, w.data, w.d, w.m, None, out[w.factored])
+        assert_within_float_rounding(out[w.factored], w, x)
+    assert torch.equal(out[True], out[False]) or loaded_isa() == "generic"
+
+
+def test_factors_survive_what_survives_and_drop_otherwise() -> None:
+    """Row slices, padding, stacking and promotion keep the factors; a K split off the 256 boundaries and a
+    part without factors drop them (to the flat scales, still exact); a lying block's NaN scales never factor
+    into a different value."""
+    a = FORMATS["Q4_K"].rows(random_blocks("Q4_K", 12, 2, 1))
+    b = FORMATS["Q6_K"].rows(random_blocks("Q6_K", 8, 2, 2))
+    legacy = FORMATS["Q5_0"].rows(random_blocks("Q5_0", 4, 16, 3))
+    kind, joined = FORMATS["Q4_K"].kind, join_kinds([a.kind, b.kind])
+    for r in (a.narrow(0, 3, 5), a.narrow(1, 256, 256), a.pad_rows(17), QuantRows.cat([a, a.narrow(0, 0, 4)]),
+              QuantRows.cat([a.promote(joined), b.promote(joined)])):
+        assert r.factors is not None
+        assert torch.equal(QuantWeight.from_rows(r).dequantize(), r.dequantize())
+    assert a.narrow(1, 32, 256).factors is None and QuantRows.cat([a.promote(QKIND_Q5), legacy]).factors is None
+    assert a.promote(kind).factors is a.factors
+    nan = random_blocks("Q6_K", 2, 1, 4)
+    nan[:, 208:210] = np.array([np.nan], np.float16).view(np.uint8)
+    rows = FORMATS["Q6_K"].rows(nan)
+    assert torch.equal(QuantWeight.from_rows(rows).dequantize().isnan(), rows.dequantize().isnan())
+
+
+@needs_kernels
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
+@pytest.mark.parametrize("factored", [False, True])
+def test_q6_computes_the_same_bits_as_q8_16(m, factored) -> None:
+    """Q6_K's blocks as Q6 (6 bits a value) form the integer sums of Q8_16 (the kind Q6_K took before, 8 bits
+    a value) and the same float steps in the same order: equal outputs, bit for bit, on the vector variants."""
+    n, k = 37, 512
+    rows = FORMATS["Q6_K"].rows(random_blocks("Q6_K", n, k // 256, m))
+    if not factored:
+        rows = dataclasses.replace(rows, factors=None)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
+    out = {}
+    for kind in (QKIND_Q6, QKIND_Q8_16):
+        qw = QuantWeight.from_rows(rows.promote(kind))
+        assert qw.factored == factored and torch.equal(qw.dequantize(), rows.dequantize())
+        out[kind] = torch.empty(m, n)
+        ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out[kind])
+        assert_within_float_rounding(out[kind], qw, x)
+    q6 = QuantWeight.from_rows(rows)
+    assert q6.kind == QKIND_Q6 and q6.data.numel() == 8 * -(-n // 8) * k * 6 // 8
+    assert torch.equal(out[QKIND_Q6], out[QKIND_Q8_16]) or loaded_isa() == "generic"

@@ -24,8 +24,11 @@ the same float32 operation in the kernel's "d' * q + m'" with m' = -dm. So:
     Q4_K     Q4_1    d * sc, q, -(dmin * mn) per 32
     Q5_1     Q5      d, q (0..31), m
     Q5_K     Q5      d * sc, q (0..31), -(dmin * mn) per 32
-    Q6_K     Q8_16   d * sc per 16, q - 32
+    Q6_K     Q6      d * sc per 16, q - 32 (6 bits: its integer sums are Q8_16's, value for value)
     Q2_K     Q8_M16  d * sc per 16, q (0..3), -(dmin * mn) per 16
+The K-quants (and IQ4_XS) also give their scales as factors, d per 256 times the small-int sub-scale
+(scale_factors.py): the kernels then read the file's factors and form the same float32 products, so Q4_K
+streams 4.75 bits a weight instead of the flat products' 6, Q6_K (as Q6) 6.6 instead of 10 as Q8_16.
 """
 
 from __future__ import annotations
@@ -42,14 +45,19 @@ from radixserve.layers.quantization.qweight import (
     KINDS,
     QKIND_Q4_1,
     QKIND_Q5,
+    QKIND_Q6,
     QKIND_Q8_0,
-    QKIND_Q8_16,
     QKIND_Q8_M16,
     QuantRows,
 )
+from radixserve.layers.quantization.scale_factors import ScaleFactors
 
 # blocks uint8 [B, block_bytes] -> (q [B, block_size] int, d [B, block_size / group] float32, m or None)
 Converter = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+
+# blocks -> the two-level factors of the same scales (scale_factors.py): d_super [B, 1], d_sub [B, 256 / group]
+# (small ints), m_super, m_sub or None; d == d_super * d_sub exactly (checked when the rows are built)
+Factors = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]
 
 # IQ4_NL / IQ4_XS's non-linear 4-bit grid (ggml's kvalues_iq4nl; gguf.quants.IQ4_NL.kvalues)
 IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
@@ -114,14 +122,18 @@ def _iq4_nl(b: np.ndarray):
     return IQ4_GRID[_nibbles_split16(b[:, 2:18])], _f16(b, 0), None
 
 
-def _iq4_xs(b: np.ndarray):
+def _iq4_xs_ls(b: np.ndarray) -> np.ndarray:
     n = b.shape[0]
     lo = (b[:, 4:8, None] >> np.array([0, 4], dtype=np.uint8)).reshape(n, 8) & 0x0F
     hi = (b[:, 2:4].copy().view(np.uint16) >> np.arange(0, 16, 2, dtype=np.uint16)).astype(np.uint8) & 0x03
-    ls = (lo | (hi << 4)).astype(np.float32) - 32.0
+    return (lo | (hi << 4)).astype(np.float32) - 32.0
+
+
+def _iq4_xs(b: np.ndarray):
+    n = b.shape[0]
     # sub-block i: 16 bytes, element j (low nibble) and 16 + j (high)
     idx = (b[:, 8:136].reshape(n, 8, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-    return IQ4_GRID[idx.reshape(n, 256)], _f16(b, 0) * ls, None
+    return IQ4_GRID[idx.reshape(n, 256)], _f16(b, 0) * _iq4_xs_ls(b), None
 
 
 def _q4_k(b: np.ndarray):
@@ -147,6 +159,15 @@ def _q6_k(b: np.ndarray):
     q = (lo.reshape(n, 256) | (hi.reshape(n, 256) << 4)).astype(np.int8) - np.int8(32)
     sc = b[:, 192:208].copy().view(np.int8).astype(np.float32)
     return q, _f16(b, 208) * sc, None
+
+
+def _k_factors(b: np.ndarray):  # Q4_K, Q5_K: d x sc, -dmin x mn per 32
+    sc, mn = _k_scale_min(b[:, 4:16])
+    return _f16(b, 0), sc, -_f16(b, 2), mn
+
+
+def _q6_k_factors(b: np.ndarray):
+    return _f16(b, 208), b[:, 192:208].copy().view(np.int8), None, None
 
 
 def _two_bit(qs: np.ndarray) -> np.ndarray:
@@ -175,6 +196,18 @@ def _q3_k(b: np.ndarray):
     return folded.astype(np.int8), np.repeat(-_f16(b, 108), 8, axis=1), None
 
 
+def _q2_k_factors(b: np.ndarray):
+    return _f16(b, 80), b[:, 0:16] & 0x0F, -_f16(b, 82), b[:, 0:16] >> 4
+
+
+def _q3_k_factors(b: np.ndarray):  # one scale per 256 (the sub-scales live in the ints)
+    return -_f16(b, 108), np.ones((b.shape[0], 8), dtype=np.int8), None, None
+
+
+def _iq4_xs_factors(b: np.ndarray):
+    return _f16(b, 0), _iq4_xs_ls(b), None, None
+
+
 @dataclass(frozen=True)
 class GGUFFormat:
     """One GGUF tensor type."""
@@ -184,6 +217,7 @@ class GGUFFormat:
     kind: int | None = None  # exact: the kernel kind its blocks become
     convert: Converter | None = None  # exact: blocks -> kind values
     requant_kind: int | None = None  # requant: what the dequantised weights are quantised to
+    factors: Factors | None = None  # exact K-quants: their scales as two-level factors (fewer bytes)
 
     @property
     def name(self) -> str:
@@ -217,19 +251,24 @@ class GGUFFormat:
             raise ValueError(f"GGUF tensor {name} ({self.name}): rows of {row_bytes} bytes are not whole "
                              f"{self.block_bytes}-byte blocks")
         nb = row_bytes // self.block_bytes
-        q, d, m = self.convert(np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * nb, self.block_bytes))
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * nb, self.block_bytes)
+        q, d, m = self.convert(blocks)
         k = nb * self.block_size
 
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a).reshape(n, -1))
+        def t(a: np.ndarray | None, dtype=np.float32) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(np.ascontiguousarray(a.astype(dtype)).reshape(n, -1))
 
-        qt = t(q.astype(np.uint8 if KINDS[self.kind].packed else np.int8))
-        assert qt.shape[1] == k and t(d).shape[1] == k // KINDS[self.kind].group
-        return QuantRows(self.kind, qt, t(d.astype(np.float32)), None if m is None else t(m.astype(np.float32)))
+        qt, dt, mt = t(q, np.uint8 if KINDS[self.kind].unsigned else np.int8), t(d), t(m)
+        assert qt is not None and dt is not None and qt.shape[1] == k and dt.shape[1] == k // KINDS[self.kind].group
+        factors = None
+        if self.factors is not None:
+            ds, dsub, ms, msub = self.factors(blocks)
+            factors = ScaleFactors.verified(dt, mt, t(ds), t(dsub, np.int8), t(ms), t(msub, np.int8))  # type: ignore[arg-type]
+        return QuantRows(self.kind, qt, dt, mt, factors)
 
 
-def _exact(qtype: QType, kind: int, convert: Converter) -> GGUFFormat:
-    return GGUFFormat(qtype, "exact", kind=kind, convert=convert)
+def _exact(qtype: QType, kind: int, convert: Converter, factors: Factors | None = None) -> GGUFFormat:
+    return GGUFFormat(qtype, "exact", kind=kind, convert=convert, factors=factors)
 
 
 def _requant(name: str) -> list[GGUFFormat]:
@@ -245,13 +284,13 @@ FORMATS: dict[str, GGUFFormat] = {f.name: f for f in [
     _exact(QType.Q4_1, QKIND_Q4_1, _q4_1),
     _exact(QType.Q5_0, QKIND_Q5, _q5_0),
     _exact(QType.Q5_1, QKIND_Q5, _q5_1),
-    _exact(QType.Q2_K, QKIND_Q8_M16, _q2_k),
-    _exact(QType.Q3_K, QKIND_Q8_0, _q3_k),
-    _exact(QType.Q4_K, QKIND_Q4_1, _q4_k),
-    _exact(QType.Q5_K, QKIND_Q5, _q5_k),
-    _exact(QType.Q6_K, QKIND_Q8_16, _q6_k),
+    _exact(QType.Q2_K, QKIND_Q8_M16, _q2_k, _q2_k_factors),
+    _exact(QType.Q3_K, QKIND_Q8_0, _q3_k, _q3_k_factors),
+    _exact(QType.Q4_K, QKIND_Q4_1, _q4_k, _k_factors),
+    _exact(QType.Q5_K, QKIND_Q5, _q5_k, _k_factors),
+    _exact(QType.Q6_K, QKIND_Q6, _q6_k, _q6_k_factors),
     _exact(QType.IQ4_NL, QKIND_Q8_0, _iq4_nl),
-    _exact(QType.IQ4_XS, QKIND_Q8_0, _iq4_xs),
+    _exact(QType.IQ4_XS, QKIND_Q8_0, _iq4_xs, _iq4_xs_factors),
     *[f for n in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "TQ1_0", "TQ2_0",
                   "MXFP4", "NVFP4") for f in _requant(n)],
 ]}

@@ -35,14 +35,14 @@ constexpr int64_t kGroupsPerItem = 4;  // 32 output rows: enough items to balanc
 // One expert projection of every local expert: expert e's blocks start e * stride past expert 0's.
 struct StackedQMat {
   QMat first;
-  int64_t data_stride = 0, scale_stride = 0;  // bytes of data, floats of scales (and mins) per expert
+  int64_t data_stride = 0, scale_stride = 0;  // bytes of data, bytes of scales (and mins) per expert
   int64_t E = 0;
 
   QMat expert(int64_t e) const {
     QMat w = first;
     w.data = static_cast<const char*>(first.data) + e * data_stride;
-    w.d = first.d + e * scale_stride;
-    if (first.m != nullptr) w.m = first.m + e * scale_stride;
+    w.d = static_cast<const char*>(first.d) + e * scale_stride;
+    if (first.m != nullptr) w.m = static_cast<const char*>(first.m) + e * scale_stride;
     return w;
   }
 };
@@ -57,14 +57,14 @@ StackedQMat stacked_from_tensors(int64_t kind, int64_t N, int64_t K, const at::T
               what, ": data and scales must be contiguous [experts, ...] with one row per expert");
   StackedQMat s;
   s.E = data.size(0);
-  // expert 0's row validates the layout of every row (same shape); mins like the scales
-  const at::Tensor m0 = info->has_min ? m->select(0, 0) : d.select(0, 0);
+  // every row holds one expert's matrix (checked as E matrices back to back, without a select per tensor:
+  // six ATen selects a layer showed in a decode step's profile); mins like the scales
   if (info->has_min) {
     TORCH_CHECK(m->dim() == 2 && m->sizes() == d.sizes() && m->is_contiguous(), what, ": mins must be shaped like the scales");
   }
-  s.first = qmat_from_tensors(kind, N, K, data.select(0, 0), d.select(0, 0), m0, what);
+  s.first = qmat_from_tensors(kind, N, K, data, d, info->has_min ? *m : d, what, s.E);
   s.data_stride = data.size(1) * data.element_size();
-  s.scale_stride = d.size(1);
+  s.scale_stride = d.size(1) * d.element_size();
   return s;
 }
 

@@ -25,7 +25,7 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("fused_experts(Tensor x, Tensor topk_ids, Tensor topk_weights, int expert_offset, int kind13, int n13, "
         "Tensor data13, Tensor d13, Tensor? m13, int kind2, Tensor data2, Tensor d2, Tensor? m2, int act, "
         "Tensor(a!) out) -> ()");
-  // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5; m for kinds with
+  // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5, 6 = Q6; m for kinds with
   // mins), n output rows, in 8-row interleaved groups: layout in quant_linear.h
   m.def("quant_linear(Tensor x, int kind, int n, Tensor data, Tensor d, Tensor? m, Tensor? bias, Tensor(a!) out) -> ()");
 }

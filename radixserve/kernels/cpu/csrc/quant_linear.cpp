@@ -1,4 +1,4 @@
-// Weight-only low-bit linear layers for the few rows of a decode step: weights of the six kinds in 8-row
+// Weight-only low-bit linear layers for the few rows of a decode step: weights of the seven kinds in 8-row
 // interleaved groups (layout in quant_linear.h) against block-quantised int8 activations. Op schema:
 // ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
 //
@@ -51,17 +51,41 @@ constexpr int kTileRows = 4;
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
+// Software prefetch of the weight stream kPrefetch bytes ahead of the block being multiplied. At one row a
+// decode step is bound by how fast weights arrive, and the hardware prefetchers restart at every 4 KiB page
+// and every new matrix (a MoE layer's experts are 8 short streams a token, a dense layer's MLP 2 long ones).
+// Past a group's end the prefetch runs into the next group, which follows it in memory.
+constexpr int64_t kPrefetch = 2048;
+constexpr bool kUsePrefetch = true;
+template <int64_t kBytes>
+inline void prefetch_block(const void* p) {
+  const char* c = static_cast<const char*>(p) + kPrefetch;
+  for (int64_t o = 0; o < kBytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+
+// The 8 rows' scales (or mins) of scale group sg of block b in group g: one load (flat), or super * sub
+// of the factored record (quant_linear.h). The empty asm makes the product an opaque value: -ffast-math
+// may not fold it into the products that follow, so a factored weight computes the flat one's bits.
+template <int S, bool kF>
+inline __m256 scales8(const void* base, int64_t nb, int64_t g, int64_t b, int sg) {
+  if (!kF) return _mm256_loadu_ps(static_cast<const float*>(base) + ((g * nb + b) * S + sg) * kQRows);
+  const uint8_t* rec = static_cast<const uint8_t*>(base) + (g * (nb / 8) + b / 8) * factored_record_bytes(S);
+  const __m128i sub = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + 4 * kQRows + ((b % 8) * S + sg) * kQRows));
+  __m256 v = _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(rec)),
+                           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sub)));
+  asm("" : "+x"(v));
+  return v;
+}
+
 // The 8-bit kinds (Q8_0, Q8_M, Q8_16, Q8_M16): S scale groups per 32-block (1 or 2), mins or not.
 // maddubs / dpbusd multiply unsigned x signed bytes: the weights' |w| meets sign(w) * x, so a weight of
 // -128 (|w| = 128 unsigned) is right too, and a pair sum (2 * 128 * 127) fits int16, so each maddubs
 // widens to int32 on its own. The integer sums equal the plain products; the float steps per scale
 // group are the ones Q8_0 always had (acc += sum * (d * xd)), then the min terms (acc += m * s).
-template <int R, int S, bool kMin>
+template <int R, int S, bool kMin, bool kF>
 inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   constexpr int kT = 8 / S;  // 4-element quarters per scale group
   const int64_t nb = w.K / kQBlock, K = w.K;
-  const float* dg = w.d + g * nb * S * kQRows;
-  const float* mg = kMin ? w.m + g * nb * S * kQRows : nullptr;
   const int8_t* wg = static_cast<const int8_t*>(w.data) + g * nb * 256;
 #ifndef RS_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
@@ -78,6 +102,7 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   }
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* wb = wg + b * 256;
+    if (kUsePrefetch && R <= 2) prefetch_block<256>(wb);
     for (int sg = 0; sg < S; ++sg) {
       __m256i s32[R];
       for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
@@ -93,13 +118,13 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 #endif
         }
       }
-      const __m256 d8 = _mm256_loadu_ps(dg + (b * S + sg) * kQRows);
+      const __m256 d8 = scales8<S, kF>(w.d, nb, g, b, sg);
       for (int r = 0; r < R; ++r)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
     }
     if (kMin) {
       for (int sg = 0; sg < S; ++sg) {
-        const __m256 m8 = _mm256_loadu_ps(mg + (b * S + sg) * kQRows);
+        const __m256 m8 = scales8<S, kF>(w.m, nb, g, b, sg);
         for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[r][b * S + sg]), acc[r]);
       }
     }
@@ -111,11 +136,10 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 // the R rows. Both are unsigned values with a min, so the integer work is Q4_1's on 0..31 instead of
 // 0..15 plus two shifts and masks per quarter: the 5-bit weights stream 160 + 64 bytes per 8 rows x 32
 // instead of the 8-bit kinds' 256 + 64, for the same exact sums.
-template <int R, bool kQ5>
+template <int R, bool kQ5, bool kF>
 inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   constexpr int64_t kBytes = kQ5 ? 160 : 128;  // per 8-row block
   const int64_t nb = w.K / kQBlock, K = w.K;
-  const float* dg = w.d + g * nb * kQRows;
 #ifndef RS_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
@@ -131,10 +155,10 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   }
   {
     const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * kBytes;
-    const float* mg = w.m + g * nb * kQRows;
     const __m256i mask = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* wb = wg + b * kBytes;
+      if (kUsePrefetch && R <= 2) prefetch_block<kBytes>(wb);
       const __m256i hb = kQ5 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128)) : _mm256_setzero_si256();
       __m256i p[R];
 #ifndef RS_VNNI
@@ -176,7 +200,7 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
         }
 #endif
       }
-      const __m256 d8 = _mm256_loadu_ps(dg + b * kQRows), m8 = _mm256_loadu_ps(mg + b * kQRows);
+      const __m256 d8 = scales8<1, kF>(w.d, nb, g, b, 0), m8 = scales8<1, kF>(w.m, nb, g, b, 0);
       for (int r = 0; r < R; ++r) {
 #ifdef RS_VNNI
         const __m256 sum = _mm256_cvtepi32_ps(p[r]);
@@ -191,16 +215,79 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   for (int r = 0; r < R; ++r) out8[r] = acc[r];
 }
 
+// Q6: each quarter's 32 bytes of nibbles and its top bits unpacked to two signed 8-bit quarters (values
+// -32..31), then tile_dot_q8<R, 2, false>'s integer sums and float steps in its order: Q6_K's weights read
+// 6.6 bits each (factored scales) instead of Q8_16's 10, for the same bits out.
+template <int R, bool kF>
+inline void tile_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
+  const int64_t nb = w.K / kQBlock, K = w.K;
+  const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * 192;
+#ifndef RS_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+  __m256 acc[R];
+  const int8_t* xq[R];
+  const float* xd[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    xq[r] = a.q.data() + (r0 + r) * K;
+    xd[r] = a.d.data() + (r0 + r) * nb;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = wg + b * 192;
+    if (kUsePrefetch && R <= 2) prefetch_block<192>(wb);
+    for (int sg = 0; sg < 2; ++sg) {  // 16 elements a scale group: nibble quarters 2 sg, 2 sg + 1
+      const __m256i hp = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128 + 32 * sg));
+      __m256i s32[R];
+      for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
+      for (int t = 2 * sg; t < 2 * sg + 2; ++t) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
+        // the 16-bit shifts carry bits across a lane's two bytes only where the masks clear them
+        const __m256i h = _mm256_srli_epi16(hp, 4 * (t & 1));
+        const __m256i q2[2] = {
+            _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_slli_epi16(h, 4), top)), off),
+            _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                                            _mm256_and_si256(_mm256_slli_epi16(h, 2), top)), off)};
+        for (int half = 0; half < 2; ++half) {  // the 8-bit layout's quarter 2t + half
+          const __m256i wt = q2[half], aw = _mm256_abs_epi8(wt);
+          for (int r = 0; r < R; ++r) {
+            const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq[r] + b * kQBlock + 8 * t + 4 * half)), wt);
+#ifdef RS_VNNI
+            s32[r] = _mm256_dpbusd_epi32(s32[r], aw, sx);
+#else
+            s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+#endif
+          }
+        }
+      }
+      const __m256 d8 = scales8<2, kF>(w.d, nb, g, b, sg);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]), _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out8[r] = acc[r];
+}
+
+template <int R, bool kF>
+inline void tile_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
+  switch (w.kind) {
+    case QKind::Q8_0: tile_dot_q8<R, 1, false, kF>(w, g, a, r0, out8); break;
+    case QKind::Q4_1: tile_dot_q4<R, false, kF>(w, g, a, r0, out8); break;
+    case QKind::Q8_M: tile_dot_q8<R, 1, true, kF>(w, g, a, r0, out8); break;
+    case QKind::Q8_16: tile_dot_q8<R, 2, false, kF>(w, g, a, r0, out8); break;
+    case QKind::Q8_M16: tile_dot_q8<R, 2, true, kF>(w, g, a, r0, out8); break;
+    case QKind::Q5: tile_dot_q4<R, true, kF>(w, g, a, r0, out8); break;
+    case QKind::Q6: tile_dot_q6<R, kF>(w, g, a, r0, out8); break;
+  }
+}
+
 template <int R>
 inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
-  switch (w.kind) {
-    case QKind::Q8_0: tile_dot_q8<R, 1, false>(w, g, a, r0, out8); break;
-    case QKind::Q4_1: tile_dot_q4<R, false>(w, g, a, r0, out8); break;
-    case QKind::Q8_M: tile_dot_q8<R, 1, true>(w, g, a, r0, out8); break;
-    case QKind::Q8_16: tile_dot_q8<R, 2, false>(w, g, a, r0, out8); break;
-    case QKind::Q8_M16: tile_dot_q8<R, 2, true>(w, g, a, r0, out8); break;
-    case QKind::Q5: tile_dot_q4<R, true>(w, g, a, r0, out8); break;
-  }
+  if (w.factored)
+    tile_dot_kind<R, true>(w, g, a, r0, out8);
+  else
+    tile_dot_kind<R, false>(w, g, a, r0, out8);
 }
 
 template <int R>
@@ -225,25 +312,48 @@ inline void tile_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0,
 #endif
 
 #if !(defined(__AVX2__) && defined(__FMA__))
+// Row i's scale (or min) of scale group sg of block b in group g, flat or factored (as scales8).
+inline float scale_at(const QMat& w, const void* base, int64_t nb, int64_t S, int64_t g, int64_t b, int64_t sg,
+                      int i) {
+  if (!w.factored) return static_cast<const float*>(base)[((g * nb + b) * S + sg) * kQRows + i];
+  const uint8_t* rec = static_cast<const uint8_t*>(base) + (g * (nb / 8) + b / 8) * factored_record_bytes(S);
+  float sup;
+  std::memcpy(&sup, rec + 4 * i, sizeof(sup));
+  volatile float v = sup * static_cast<float>(static_cast<int8_t>(rec[4 * kQRows + ((b % 8) * S + sg) * kQRows + i]));
+  return v;  // volatile: rounded here, as the vector path's opaque product
+}
+
 // Portable loops (the `generic` variant): one row at a time, the same integer products and the same
 // per-block float accumulation as the vector path.
 void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, float* out8) {
   const QKindInfo& info = *qkind_info(static_cast<int64_t>(w.kind));
   const int64_t nb = w.K / kQBlock, S = info.scales_per_block;
-  const float* dg = w.d + g * nb * S * kQRows;
   const int8_t* xq = a.q.data() + r * w.K;
   const float* xs = (S == 1 ? a.s.data() : a.s16.data()) + r * nb * S;
   float acc[kQRows] = {0.f};
   for (int64_t b = 0; b < nb; ++b) {
     const float xd = a.d[r * nb + b];
-    if (info.bits == 8) {
+    if (info.bits == 6) {
+      const uint8_t* wb = static_cast<const uint8_t*>(w.data) + (g * nb + b) * 192;
+      for (int64_t sg = 0; sg < 2; ++sg) {
+        int32_t s[kQRows] = {0};
+        for (int t = 2 * sg; t < 2 * sg + 2; ++t)
+          for (int i = 0; i < kQRows; ++i)
+            for (int c = 0; c < 4; ++c) {
+              const int32_t byte = wb[t * 32 + i * 4 + c], h = wb[128 + 32 * sg + i * 4 + c] >> (4 * (t & 1));
+              s[i] += (((byte & 0x0F) | ((h & 3) << 4)) - 32) * int32_t(xq[b * kQBlock + 8 * t + c]) +
+                      (((byte >> 4) | (((h >> 2) & 3) << 4)) - 32) * int32_t(xq[b * kQBlock + 8 * t + 4 + c]);
+            }
+        for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (scale_at(w, w.d, nb, S, g, b, sg, i) * xd);
+      }
+    } else if (info.bits == 8) {
       const int8_t* wb = static_cast<const int8_t*>(w.data) + (g * nb + b) * 256;
       for (int64_t sg = 0; sg < S; ++sg) {
         int32_t s[kQRows] = {0};
         for (int64_t t = sg * 8 / S; t < (sg + 1) * 8 / S; ++t)
           for (int i = 0; i < kQRows; ++i)
             for (int c = 0; c < 4; ++c) s[i] += int32_t(wb[t * 32 + i * 4 + c]) * int32_t(xq[b * kQBlock + 4 * t + c]);
-        for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (dg[(b * S + sg) * kQRows + i] * xd);
+        for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (scale_at(w, w.d, nb, S, g, b, sg, i) * xd);
       }
     } else {
       int32_t s[kQRows] = {0};
@@ -256,11 +366,11 @@ void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, fl
             s[i] += (int32_t(byte & 0x0F) | ((h & 1) << 4)) * int32_t(xq[b * kQBlock + 8 * t + c]) +
                     (int32_t(byte >> 4) | ((h & 2) << 3)) * int32_t(xq[b * kQBlock + 8 * t + 4 + c]);
           }
-      for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (dg[b * kQRows + i] * xd);
+      for (int i = 0; i < kQRows; ++i) acc[i] += static_cast<float>(s[i]) * (scale_at(w, w.d, nb, 1, g, b, 0, i) * xd);
     }
     if (info.has_min)
       for (int64_t sg = 0; sg < S; ++sg)
-        for (int i = 0; i < kQRows; ++i) acc[i] += w.m[(g * nb + b) * S * kQRows + sg * kQRows + i] * xs[b * S + sg];
+        for (int i = 0; i < kQRows; ++i) acc[i] += scale_at(w, w.m, nb, S, g, b, sg, i) * xs[b * S + sg];
   }
   for (int i = 0; i < kQRows; ++i) out8[i] = acc[i];
 }
@@ -302,36 +412,45 @@ void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* ou
 const QKindInfo* qkind_info(int64_t kind) {
   static const QKindInfo kInfo[kNumQKinds] = {
       {"Q8_0", 1, false, 8}, {"Q4_1", 1, true, 4}, {"Q8_M", 1, true, 8},
-      {"Q8_16", 2, false, 8}, {"Q8_M16", 2, true, 8}, {"Q5", 1, true, 5},
+      {"Q8_16", 2, false, 8}, {"Q8_M16", 2, true, 8}, {"Q5", 1, true, 5}, {"Q6", 2, false, 6},
   };
   return kind >= 0 && kind < kNumQKinds ? &kInfo[kind] : nullptr;
 }
 
 QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& data, const at::Tensor& d,
-                       const at::Tensor& m, const char* what) {
+                       const at::Tensor& m, const char* what, int64_t experts) {
   QMat w;
   const QKindInfo* info = qkind_info(kind);
   TORCH_CHECK(info != nullptr, what, ": unknown weight kind ", kind,
-              " (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5)");
+              " (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5, 6 = Q6)");
   TORCH_CHECK(N > 0 && K > 0 && K % kQBlock == 0, what, ": K (", K, ") must be a positive multiple of 32");
   w.kind = static_cast<QKind>(kind);
   w.N = N, w.K = K, w.G = (N + kQRows - 1) / kQRows;
   const int64_t nb = K / kQBlock;
   const int64_t per_block = info->block_bytes();
   const bool packed = info->bits < 8;
-  TORCH_CHECK(data.is_contiguous() && data.numel() == w.G * nb * per_block &&
+  const int64_t E = experts;
+  TORCH_CHECK(data.is_contiguous() && data.numel() == E * w.G * nb * per_block &&
                   data.scalar_type() == (packed ? at::kByte : at::kChar),
               what, ": ", info->name, " data must be ", packed ? "uint8" : "int8", " with ",
-              w.G * nb * per_block, " elements (8-row groups of ", N, " x ", K, ")");
-  TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kFloat && d.numel() == w.G * nb * info->scales_per_block * kQRows,
-              what, ": ", info->name, " scales must be float32 [groups, blocks * ", info->scales_per_block * kQRows, "]");
+              E * w.G * nb * per_block, " elements (8-row groups of ", N, " x ", K, E > 1 ? ", per expert" : "", ")");
+  const int64_t S = info->scales_per_block;
+  w.factored = d.scalar_type() == at::kByte;
+  if (w.factored) {
+    TORCH_CHECK(nb % 8 == 0, what, ": factored scales need K (", K, ") a multiple of 256");
+    TORCH_CHECK(d.is_contiguous() && d.numel() == E * w.G * (nb / 8) * factored_record_bytes(S), what, ": ", info->name,
+                " factored scales must be uint8 [groups, super-blocks * ", factored_record_bytes(S), "]");
+  } else {
+    TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kFloat && d.numel() == E * w.G * nb * S * kQRows, what, ": ",
+                info->name, " scales must be float32 [groups, blocks * ", S * kQRows, "] or factored uint8");
+  }
   if (info->has_min) {
-    TORCH_CHECK(m.is_contiguous() && m.scalar_type() == at::kFloat && m.numel() == d.numel(), what, ": ",
-                info->name, " mins must be float32 like the scales");
-    w.m = m.data_ptr<float>();
+    TORCH_CHECK(m.is_contiguous() && m.scalar_type() == d.scalar_type() && m.numel() == d.numel(), what, ": ",
+                info->name, " mins must be laid out like the scales");
+    w.m = m.data_ptr();
   }
   w.data = data.data_ptr();
-  w.d = d.data_ptr<float>();
+  w.d = d.data_ptr();
   return w;
 }
 
