@@ -65,8 +65,8 @@ def test_every_exact_type_keeps_the_files_values(mixed_file) -> None:
     report = runner.quant_report
     assert not report.requantized
     assert report.float_layers == {"F16": 1}  # the tied LM head
-    # gate_up Q5_K + Q4_0 joins in the packed Q5; Q5_0 (a min: m = -16 d) beside Q8_0 takes Q8_M
-    assert report.counts == {"Q8_M16": 2, "Q8_0": 1, "Q8_M": 2, "Q8_16": 1, "Q4_1": 1, "Q5": 1}
+    # gate_up Q5_K + Q4_0 joins in the packed Q5; Q5_0 (a min: m = -16 d) beside Q8_0 takes Q8_M; Q6_K alone: Q6
+    assert report.counts == {"Q8_M16": 2, "Q8_0": 1, "Q8_M": 2, "Q6": 1, "Q4_1": 1, "Q5": 1}
     want = dict(iterate_weights(str(mixed_file)))  # gguf's dequantisation, un-permuted
     for i in range(2):
         p = f"model.layers.{i}."
