@@ -29,7 +29,7 @@ from radixserve.layers.quantization.qweight import (
     QuantWeight,
     join_kinds,
 )
-from tests.layers.test_gguf_formats import random_blocks
+from tests.layers.test_gguf_formats import SCALE_OFFSETS, random_blocks
 
 ops, why = load_cpu_ops()
 needs_kernels = pytest.mark.skipif(ops is None or not hasattr(ops, "quant_linear"), reason=f"no C++ kernels: {why}")
@@ -272,7 +272,7 @@ def test_factored_scales_compute_the_flat_scales_bits(qtype, n, supers, m, seed)
 def test_factors_survive_what_survives_and_drop_otherwise() -> None:
     """Row slices, padding, stacking and promotion keep the factors; a K split off the 256 boundaries and a
     part without factors drop them (to the flat scales, still exact); a lying block's NaN scales never factor
-    into a different value."""
+    into a different value (test_a_lying_blocks_nan_or_inf_scales_compute_as_the_flat_ones)."""
     a = FORMATS["Q4_K"].rows(random_blocks("Q4_K", 12, 2, 1))
     b = FORMATS["Q6_K"].rows(random_blocks("Q6_K", 8, 2, 2))
     legacy = FORMATS["Q5_0"].rows(random_blocks("Q5_0", 4, 16, 3))
@@ -283,10 +283,33 @@ def test_factors_survive_what_survives_and_drop_otherwise() -> None:
         assert torch.equal(QuantWeight.from_rows(r).dequantize(), r.dequantize())
     assert a.narrow(1, 32, 256).factors is None and QuantRows.cat([a.promote(QKIND_Q5), legacy]).factors is None
     assert a.promote(kind).factors is a.factors
-    nan = random_blocks("Q6_K", 2, 1, 4)
-    nan[:, 208:210] = np.array([np.nan], np.float16).view(np.uint8)
-    rows = FORMATS["Q6_K"].rows(nan)
-    assert torch.equal(QuantWeight.from_rows(rows).dequantize().isnan(), rows.dequantize().isnan())
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
+def test_a_lying_blocks_nan_or_inf_scales_compute_as_the_flat_ones(fmt) -> None:
+    """A file's block with a NaN or inf super-scale: the weight as built (factored where the factors verify) and
+    its flat twin give the kernel's same outputs, NaN where the flat scales make NaN and the same values
+    elsewhere (bit for bit on the vector variants)."""
+    n, k, m = 16, 512, 3
+    blocks = random_blocks(fmt, n, k // 256, 4)
+    d_at = SCALE_OFFSETS[fmt][0]  # the first block's float16 super-scale d
+    for row, bad in ((0, np.nan), (5, np.inf), (9, -np.inf)):
+        blocks[row, d_at : d_at + 2] = np.array([bad], np.float16).view(np.uint8)
+    rows = FORMATS[fmt].rows(blocks)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5))
+    out = []
+    for r in (rows, dataclasses.replace(rows, factors=None)):
+        qw = QuantWeight.from_rows(r)
+        out.append(torch.empty(m, n))
+        ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out[-1])
+    assert QuantWeight.from_rows(rows).factored  # the good super-blocks kept their factors
+    assert torch.equal(out[0].isnan(), out[1].isnan()) and out[1][:, [0, 5, 9]].isnan().all()
+    finite = ~out[1].isnan()
+    if loaded_isa() != "generic":
+        assert torch.equal(out[0][finite], out[1][finite])
+    else:
+        torch.testing.assert_close(out[0][finite], out[1][finite], rtol=1e-5, atol=1e-4)
 
 
 @needs_kernels

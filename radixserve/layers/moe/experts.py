@@ -81,7 +81,7 @@ class FusedMoE(LowBitHolder):
 
     def _load_expert(self, e: int, part: str, w: torch.Tensor) -> None:
         """Local expert e's projection `part` from the full checkpoint tensor (this rank's rows / columns)."""
-        inter, hidden, n, r = self.intermediate_size, self.hidden_size, self.inter_per_rank, self.ps.moe_tp_rank
+        inter, hidden, n = self.intermediate_size, self.hidden_size, self.inter_per_rank
         assert self.w13 is not None and self.w2 is not None, "weights load before the float copy is released"
         if part == "gate_up":
             self._check(f"expert {e} gate_up", w.shape, (2 * inter, hidden))
@@ -91,13 +91,19 @@ class FusedMoE(LowBitHolder):
         if part in ("gate", "up"):
             self._check(f"expert {e} {part}", w.shape, (inter, hidden))
             offset = 0 if part == "gate" else n
-            self.w13.data[e, offset : offset + n].copy_(w[r * n : (r + 1) * n])
+            self.w13.data[e, offset : offset + n].copy_(w.narrow(*self._shard(part)))
         elif part == "down":
             self._check(f"expert {e} down", w.shape, (hidden, inter))
-            self.w2.data[e].copy_(w[:, r * n : (r + 1) * n])
+            self.w2.data[e].copy_(w.narrow(*self._shard(part)))
         else:
             raise ValueError(f"unknown expert projection {part!r}")
         self.loaded.add((e, part))
+
+    def _shard(self, part: str) -> tuple[int, int, int]:
+        """This rank's cut of one expert's projection, as (dim, start, length) for narrow: gate / up rows, down
+        columns. The float weights (_load_expert) and the low-bit rows (shard_rows) are cut by this one rule."""
+        n = self.inter_per_rank
+        return (0 if part in ("gate", "up") else 1), self.ps.moe_tp_rank * n, n
 
     def missing(self) -> list[tuple[int, str]]:
         """The (global expert, projection) pairs of this rank's experts no checkpoint tensor filled."""
@@ -106,11 +112,10 @@ class FusedMoE(LowBitHolder):
     # ------------------------------------------------------------------ the low-bit copy
     def shard_rows(self, part: str, rows: QuantRows, name: str) -> QuantRows:
         """This rank's part of one expert's low-bit rows ([inter, hidden] gate / up, [hidden, inter] down),
-        cut by _load_expert's rule: gate / up rows, down columns (whole 32-blocks)."""
-        n, r = self.inter_per_rank, self.ps.moe_tp_rank
+        cut by _shard (down's columns in whole 32-blocks)."""
         if self.ps.moe_tp_size == 1:
             return rows
-        return rows.narrow(0 if part in ("gate", "up") else 1, r * n, n, name)
+        return rows.narrow(*self._shard(part), name)
 
     def set_low_bit(self, w13: ExpertQuantWeight, w2: ExpertQuantWeight) -> None:
         want13, want2 = (2 * self.inter_per_rank, self.hidden_size), (self.hidden_size, self.inter_per_rank)

@@ -119,9 +119,11 @@ class DecodeStack : public torch::CustomClassHolder {
     L.w2_data = moe[4], L.w2_d = moe[5], L.w2_m = moe[6];
     L.top_k = ints[0], L.renormalize = ints[1] != 0, L.kind13 = ints[2], L.kind2 = ints[3], L.moe_inter = ints[4];
     layers_.push_back(std::move(L));
+    max_experts_ = std::max(max_experts_, E);
   }
 
-  // Tokens per expert of each layer in the last forward: int64 [layers, max experts] (a dense layer's row: 0).
+  // Tokens per expert of each layer in the last forward: int64 [layers, max experts] (a dense layer's row: 0;
+  // undefined for a dense stack).
   at::Tensor expert_counts() const { return counts_; }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -212,9 +214,9 @@ class DecodeStack : public torch::CustomClassHolder {
     const c10::optional<at::Tensor> with_residual(residual);
     float* xp = x.data_ptr<float>();
     float* qkvp = qkv.data_ptr<float>();
-    int64_t max_experts = 0;
-    for (const StackLayer& Ly : layers_) max_experts = std::max<int64_t>(max_experts, Ly.moe ? Ly.router.size(0) : 0);
-    counts_ = at::zeros({static_cast<int64_t>(layers_.size()), max_experts}, x_in.options().dtype(at::kLong));
+    // a fresh tensor a step: the caller may still hold the last one (a dense stack allocates none)
+    if (max_experts_ > 0)
+      counts_ = at::zeros({static_cast<int64_t>(layers_.size()), max_experts_}, x_in.options().dtype(at::kLong));
     for (size_t l = 0; l < layers_.size(); ++l) {
       StackLayer& Ly = layers_[l];
       if (l == 0) {
@@ -390,7 +392,8 @@ class DecodeStack : public torch::CustomClassHolder {
   Q8ActRows act_q_;
   int64_t buf_rows_ = -1;
   at::Tensor residual_, qkv_, q_, attn_, gu_, act_, qn_, kn_;
-  at::Tensor counts_;  // expert_counts()
+  int64_t max_experts_ = 0;  // the widest MoE layer's experts (0: a dense stack)
+  at::Tensor counts_;        // expert_counts()
 };
 
 }  // namespace

@@ -109,6 +109,17 @@ std::vector<Item> expert_items(const std::vector<int64_t>& start, int64_t G) {
   return items;
 }
 
+// One projection of the gathered rows: work items (expert, row block) over every expert with rows, each
+// expert's rows start[e] .. start[e + 1] against its own weights, into out (ldo floats a row).
+void project(const StackedQMat& w, const std::vector<int64_t>& start, const Q8ActRows& rows, float* out,
+             int64_t ldo) {
+  const std::vector<Item> items = expert_items(start, w.first.G);
+  for_each_item(items, start, [&](int64_t i) {
+    const Item& it = items[i];
+    qgemm_range(w.expert(it.e), rows, out, ldo, it.g0, it.g1, start[it.e], start[it.e + 1]);
+  });
+}
+
 }  // namespace
 
 void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
@@ -169,12 +180,7 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
 
   // 2. gate_up of every pair, by (expert, row block)
   at::Tensor h = at::empty({P, n13}, x.options());
-  float* hp = h.data_ptr<float>();
-  const std::vector<Item> items13 = expert_items(start, w13.first.G);
-  for_each_item(items13, start, [&](int64_t i) {
-    const Item& it = items13[i];
-    qgemm_range(w13.expert(it.e), act_rows, hp, n13, it.g0, it.g1, start[it.e], start[it.e + 1]);
-  });
+  project(w13, start, act_rows, h.data_ptr<float>(), n13);
 
   // 3. act(gate) * up, re-quantised for the down projection
   at::Tensor a = at::empty({P, inter}, x.options());
@@ -187,15 +193,11 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
 
   // 4. down, by (expert, row block)
   at::Tensor y = at::empty({P, H}, x.options());
-  float* yp = y.data_ptr<float>();
-  const std::vector<Item> items2 = expert_items(start, w2.first.G);
-  for_each_item(items2, start, [&](int64_t i) {
-    const Item& it = items2[i];
-    qgemm_range(w2.expert(it.e), act_rows, yp, H, it.g0, it.g1, start[it.e], start[it.e + 1]);
-  });
+  project(w2, start, act_rows, y.data_ptr<float>(), H);
 
   // 5. each token's slots in slot order
   const float* wts = topk_weights.data_ptr<float>();
+  const float* yp = y.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, T, std::max<int64_t>(1, 4096 / H), [&](int64_t ta, int64_t tb) {
     for (int64_t t = ta; t < tb; ++t) {
