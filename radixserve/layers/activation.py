@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.layers.cpu_kernel_layer import CpuKernelLayer
+
 
 def _native(ops: Any, op_name: str, x: torch.Tensor) -> torch.Tensor | None:
     """[n, 2 * inter] -> [n, inter] through the C++ op `op_name` (the one the native decode stack runs,
@@ -19,9 +21,7 @@ def _native(ops: Any, op_name: str, x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
-class SiluAndMul(nn.Module):
-    cpu_ops: Any = None  # torch.ops.radixserve_cpu when the runner enabled the C++ CPU kernels
-
+class SiluAndMul(CpuKernelLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = _native(self.cpu_ops, "silu_and_mul", x)
         if out is not None:
@@ -30,10 +30,8 @@ class SiluAndMul(nn.Module):
         return F.silu(gate) * up
 
 
-class GeluTanhAndMul(nn.Module):
+class GeluTanhAndMul(CpuKernelLayer):
     """GELU(gate, tanh approximation) * up: Gemma's gated MLP (transformers' gelu_pytorch_tanh)."""
-
-    cpu_ops: Any = None  # torch.ops.radixserve_cpu when the runner enabled the C++ CPU kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = _native(self.cpu_ops, "gelu_tanh_and_mul", x)

@@ -8,10 +8,10 @@ Supported scalings: none/default, linear, llama3, yarn, longrope; partial rotary
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
-from torch import nn
+
+from radixserve.layers.cpu_kernel_layer import CpuKernelLayer
 
 
 def _inv_freq(dim: int, base: float, scaling: dict | None, max_position: int, trained: int
@@ -95,9 +95,7 @@ def _longrope(dim: int, base: float, scaling: dict, max_position: int, trained: 
     return inv_freq, float(attention)
 
 
-class RotaryEmbedding(nn.Module):
-    cpu_ops: Any = None  # torch.ops.radixserve_cpu when the runner enabled the C++ CPU kernels
-
+class RotaryEmbedding(CpuKernelLayer):
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None = None,
                  rotary_dim: int = 0, trained_max_position: int = 0) -> None:
         """`rotary_dim`: the leading dims of each head that rotate (0: all of them; Phi-3-style partial
@@ -114,33 +112,36 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", freqs.cos() * attention, persistent=False)
         self.register_buffer("sin_cache", freqs.sin() * attention, persistent=False)
 
-        self._memo: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor,
+                step_rows: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for `positions`, [n, 1, head_dim / 2]. One model shares this module across its
-        layers, and every layer of a step passes the same positions tensor, so the gather is done
-        once per step rather than once per layer."""
-        memo = self._memo
-        if memo is not None and memo[0] is positions:
-            return memo[1], memo[2]
-        cos = self.cos_cache[positions].unsqueeze(1)
-        sin = self.sin_cache[positions].unsqueeze(1)
-        self._memo = (positions, cos, sin)
+        layers, and every layer of a step passes the same positions tensor, so with the step's own cache
+        (`ForwardBatch.rope_rows`) the gather is done once per step rather than once per layer."""
+        # Keyed by ids, with the positions tensor kept in the value: while the step's dict lives, that tensor
+        # cannot be freed, so its id cannot be reused by another positions tensor of the same step.
+        key = (id(self), id(positions))
+        hit = step_rows.get(key) if step_rows is not None else None
+        if hit is not None and hit[0] is positions:
+            return hit[1], hit[2]
+        cos, sin = self.cos_cache[positions].unsqueeze(1), self.sin_cache[positions].unsqueeze(1)
+        if step_rows is not None:
+            step_rows[key] = (positions, cos, sin)
         return cos, sin
 
-    def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def rotate_heads(self, positions: torch.Tensor, x: torch.Tensor, step_rows: dict | None = None) -> torch.Tensor:
         """Rotate every head of x [n, heads, head_dim] (q and k heads side by side: one pass, not two).
-        With the C++ kernels x is rotated in place (it is a view into the step's qkv output)."""
+        With the C++ kernels x is rotated in place (it is a view into the step's qkv output). `step_rows`:
+        the step's cos / sin cache (cos_sin)."""
         ops = self.cpu_ops
         if self.rotary_dim != self.head_dim:
-            cos, sin = self.cos_sin(positions)
+            cos, sin = self.cos_sin(positions, step_rows)
             rot = self.rotary_dim
             return torch.cat((_rotate(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
         if (ops is not None and x.dtype == torch.float32 and x.stride(-1) == 1 and x.stride(1) == x.shape[2]
                 and positions.is_contiguous()):
             ops.rope_(x, positions, self.cos_cache, self.sin_cache)
             return x
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self.cos_sin(positions, step_rows)
         return _rotate(x, cos, sin)
 
 

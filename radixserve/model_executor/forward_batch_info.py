@@ -161,6 +161,10 @@ class ForwardBatch:
     # The one documented late addition: the attention backend's per-step metadata, derived
     # once in init_forward_metadata() and shared by every layer.
     attn_metadata: Any = None
+    # The step's cos / sin rows, per (RotaryEmbedding, positions tensor): each RoPE base gathers its rows once
+    # a step, not once a layer. It lives and dies with this step, so a positions buffer refilled in place by a
+    # later step can never meet stale rows.
+    rope_rows: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:

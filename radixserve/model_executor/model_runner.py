@@ -29,25 +29,26 @@ import torch
 
 from radixserve.distributed.parallel_state import ParallelState, init_parallel_state
 from radixserve.distributed.rank_layout import RankLayout, check_model_fits
+from radixserve.kernels.cpu import load_cpu_ops, native_bf16_matmul
 from radixserve.layers.attention.base_attn_backend import AttentionBackend
 from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAttnBackend
-from radixserve.kernels.cpu import enable_cpu_kernels, load_cpu_ops, native_bf16_matmul
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.batch_invariant import ROW_TILE
+from radixserve.layers.cpu_kernel_layer import enable_cpu_kernels
 from radixserve.layers.kernel_mode import KernelMode
 from radixserve.layers.linear import (
     PackableLinear,
     has_float_weights,
-    onednn_linear_available,
     model_weight_bytes,
+    onednn_linear_available,
     prepare_float_weights,
     release_float_weights,
     resolve_linear_backend,
     resolve_low_bit_max_rows,
 )
-from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.logits_processor import LogitsProcessorOutput
+from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
 from radixserve.lora.lora_batch import LoRABatch

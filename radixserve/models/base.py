@@ -14,7 +14,9 @@ low-bit planner, the native decode stack):
     model.embed_tokens / model.layers / model.norm / lm_head / logits_processor, model.embed_scale
 
 The batch is passed explicitly to every layer that needs it (attention; the projections, which read the
-runner's kernel choices and the step's LoRA rows from it), never read from a global. A
+runner's kernel choices and the step's LoRA rows from it), never read from a global; the step's RoPE rows
+are cached on it too (ForwardBatch.rope_rows). Layers with a C++ twin (CpuKernelLayer: norms, RoPE, gated
+activations) get their kernels once at load from the runner (enable_cpu_kernels), never per step. A
 pipeline stage builds only its layers (ParallelState.stage_layers; the others are PPMissingLayer
 placeholders that keep the checkpoint's numbering), the first stage the embedding, the last the final
 norm and LM head; a stage after the first starts from the previous stage's PPProxyTensors.
@@ -165,7 +167,8 @@ class Attention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.k_norm_width)).view(n, -1)
             qk = torch.cat([q, k], dim=-1)
         # q and k heads are adjacent: rotate them in one pass
-        qk = self.rotary_emb.rotate_heads(positions, qk.view(n, -1, self.head_dim)).view(n, -1)
+        qk = self.rotary_emb.rotate_heads(positions, qk.view(n, -1, self.head_dim), forward_batch.rope_rows)
+        qk = qk.view(n, -1)
         q, k = qk.split([self.q_size, self.kv_size], dim=-1)
         return self.o_proj(self.attn(q, k, v, forward_batch), forward_batch)
 

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.layers.activation import GeluTanhAndMul, SiluAndMul
 from radixserve.kernels.cpu import load_cpu_ops
+from radixserve.layers.activation import GeluTanhAndMul, SiluAndMul
+from radixserve.layers.cpu_kernel_layer import enable_cpu_kernels
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 
@@ -240,6 +241,35 @@ def test_rope_in_place_on_a_strided_qkv_view():
     assert torch.equal(qkv[:, (hq + hk) * 64 :], v_before)  # v untouched
     with pytest.raises(RuntimeError, match="out of range"):
         ops.rope_(view, torch.tensor([0, 1, 2, 3, 4, 5, 4096]), rope.cos_cache, rope.sin_cache)
+
+
+def test_enable_cpu_kernels_sets_the_declared_layers_only():
+    class Stranger(torch.nn.Module):  # an attribute of the same name is not a declaration
+        cpu_ops = None
+
+    model = torch.nn.Sequential(RMSNorm(8), SiluAndMul(), GeluTanhAndMul(), RotaryEmbedding(8, 16, 1e4), Stranger())
+    assert enable_cpu_kernels(model, ops) == 4
+    assert all(m.cpu_ops is ops for m in model[:4]) and model[4].cpu_ops is None
+    assert enable_cpu_kernels(model, None) == 4 and all(m.cpu_ops is None for m in model)
+
+
+def test_rope_rows_are_the_steps_own_never_a_stale_buffers():
+    """cos / sin rows are cached per step (ForwardBatch.rope_rows), not on the module: a positions buffer
+    refilled in place for the next step gets fresh rows, while the layers of one step share one gather."""
+    rope = _with_ops(RotaryEmbedding(64, 4096, 10000.0, rotary_dim=32), False)  # partial: the cos_sin path
+    positions = torch.tensor([3, 9, 27])
+    x = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(3))
+    step1: dict = {}
+    first = rope.rotate_heads(positions, x, step1)
+    cos1, _ = rope.cos_sin(positions, step1)
+    assert rope.cos_sin(positions, step1)[0] is cos1  # a second layer of the step reuses the gather
+    positions[:] = torch.tensor([100, 200, 300])  # the same tensor, refilled by the next step
+    step2: dict = {}
+    second = rope.rotate_heads(positions, x, step2)
+    fresh = RotaryEmbedding(64, 4096, 10000.0, rotary_dim=32).rotate_heads(positions.clone(), x)
+    torch.testing.assert_close(second, fresh, atol=0, rtol=0)
+    assert not torch.equal(first, second)
+    assert torch.equal(rope.cos_sin(positions, step2)[0], rope.cos_cache[positions].unsqueeze(1))
 
 
 @pytest.mark.parametrize("n", [1, 33])

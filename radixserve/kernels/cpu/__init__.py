@@ -1,7 +1,6 @@
 """radixserve's C++ CPU kernels: sources in csrc/ (one per op family), built per CPU ISA by loader.py."""
 
 from radixserve.kernels.cpu.loader import (
-    enable_cpu_kernels,
     load_cpu_ops,
     load_paged_attention,
     loaded_isa,
@@ -9,5 +8,4 @@ from radixserve.kernels.cpu.loader import (
     selected_isa,
 )
 
-__all__ = ["enable_cpu_kernels", "load_cpu_ops", "load_paged_attention", "loaded_isa", "native_bf16_matmul",
-           "selected_isa"]
+__all__ = ["load_cpu_ops", "load_paged_attention", "loaded_isa", "native_bf16_matmul", "selected_isa"]

@@ -197,17 +197,6 @@ def load_paged_attention() -> tuple[Callable[..., None] | None, str]:
     return (None if ops is None else ops.paged_attention), reason
 
 
-def enable_cpu_kernels(model: torch.nn.Module, ops: Any | None) -> int:
-    """Point every module with a `cpu_ops` slot (RMSNorm, RotaryEmbedding, SiluAndMul, GeluTanhAndMul) at `ops`
-    (None switches them back to plain PyTorch); returns how many modules were set."""
-    count = 0
-    for mod in model.modules():
-        if hasattr(mod, "cpu_ops"):
-            mod.cpu_ops = ops
-            count += 1
-    return count
-
-
 def main() -> None:
     """`python -m radixserve.kernels.cpu`: build (or load) the kernels now, e.g. from `make setup`, so
     the first server start does not pay for the compile. Never fails set-up."""
