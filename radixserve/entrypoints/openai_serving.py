@@ -252,8 +252,8 @@ class SSEResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[str], group: RequestGroup) -> None:
-        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, events: AsyncIterator[str], group: RequestGroup) -> None:
+        super().__init__(_framed(events, group), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.group = group
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -263,6 +263,22 @@ class SSEResponse(StreamingResponse):
             # A generator that never started has no `finally` to run: cancel the group here too.
             self.group.cancel()
             await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
+async def _framed(events: AsyncIterator[str], group: RequestGroup) -> AsyncIterator[str]:
+    """Every route's stream: its events, then [DONE]. An error after the 200 headers went out is reported
+    in-band as the last event; a client that left (ConnectionAbortedError) is sent nothing more."""
+    try:
+        async for event in events:
+            yield event
+    except ConnectionAbortedError:
+        return
+    except Exception as e:  # noqa: BLE001
+        yield sse_error(e)
+    finally:
+        group.cancel()
+        await events.aclose()  # type: ignore[attr-defined]
+    yield SSE_DONE
 
 
 def sse(data: Any) -> str:

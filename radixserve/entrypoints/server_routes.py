@@ -14,9 +14,9 @@ from starlette.responses import JSONResponse, Response
 from radixserve import __version__
 from radixserve.entrypoints.openai_protocol import AbortRequest, ModelCard, ModelList
 from radixserve.entrypoints.openai_serving import APIError, RequestGroup, parse_body
-from radixserve.managers.io_struct import GenerateReqInput
 from radixserve.entrypoints.openapi_docs import json_body
 from radixserve.lora.lora_registry import front_registry
+from radixserve.managers.io_struct import GenerateReqInput
 from radixserve.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:

@@ -35,7 +35,6 @@ from radixserve.entrypoints.openai_protocol import (
 )
 from radixserve.entrypoints.openai_serving import (
     OPENAI_RENAMES,
-    SSE_DONE,
     APIError,
     RequestGroup,
     SSEResponse,
@@ -44,13 +43,12 @@ from radixserve.entrypoints.openai_serving import (
     new_logprob_items,
     parse_body,
     sse,
-    sse_error,
 )
 from radixserve.entrypoints.serving_base import UNSUPPORTED_CHAT, OpenAIServingBase
-from radixserve.model_loader.chat_template import NO_TEMPLATE
 from radixserve.function_call.tool_parser import ToolCallDelta, ToolCallParser, create_detector, detect_format
 from radixserve.function_call.tool_prompt import render_for_template, template_supports_tools
 from radixserve.managers.io_struct import GenerateReqInput
+from radixserve.model_loader.chat_template import NO_TEMPLATE
 from radixserve.parser.reasoning_request import ChatReasoning
 
 
@@ -227,43 +225,35 @@ class OpenAIServingChat(OpenAIServingBase):
                                       matched_stop=matched)
             return sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[choice]))
 
-        try:
-            for i in range(num):  # OpenAI opens every choice with the role
-                yield chunk(i, {"role": "assistant", "content": ""})
-            async for i, out in group.events(request):
-                logprobs = None
-                if req.logprobs:
-                    logprobs = ChatLogprobs(content=self._logprobs(new_logprob_items(out), top_k))
-                parser = parsers[i]
-                # reasoning deltas first; the tool parser sees only the answer
-                thought, text = reasoning.feed(thinkers[i], out["delta"], out["finished"])
-                if thought is not None:
-                    yield chunk(i, thought)
-                if parser is None:
-                    if text or (logprobs and logprobs.content):
-                        yield chunk(i, {"content": text}, logprobs)
-                else:
-                    text, deltas = parser.feed(text)
+        for i in range(num):  # OpenAI opens every choice with the role
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async for i, out in group.events(request):
+            logprobs = None
+            if req.logprobs:
+                logprobs = ChatLogprobs(content=self._logprobs(new_logprob_items(out), top_k))
+            parser = parsers[i]
+            # reasoning deltas first; the tool parser sees only the answer
+            thought, text = reasoning.feed(thinkers[i], out["delta"], out["finished"])
+            if thought is not None:
+                yield chunk(i, thought)
+            if parser is None:
+                if text or (logprobs and logprobs.content):
+                    yield chunk(i, {"content": text}, logprobs)
+            else:
+                text, deltas = parser.feed(text)
+                for delta in self._tool_deltas(parser, text, deltas, tools.parallel):
+                    yield chunk(i, delta)
+            if out["finished"]:
+                finals[i] = out
+                reason, matched = finish_reason(out["meta_info"])
+                if parser is not None:
+                    text, deltas = parser.finish()
                     for delta in self._tool_deltas(parser, text, deltas, tools.parallel):
                         yield chunk(i, delta)
-                if out["finished"]:
-                    finals[i] = out
-                    reason, matched = finish_reason(out["meta_info"])
-                    if parser is not None:
-                        text, deltas = parser.finish()
-                        for delta in self._tool_deltas(parser, text, deltas, tools.parallel):
-                            yield chunk(i, delta)
-                        if parser.calls and reason == "stop":
-                            reason = "tool_calls"
-                    yield chunk(i, {}, None, reason, matched)
-            if req.stream_options and req.stream_options.include_usage:
-                usage = reasoning.add_usage(self.usage(finals, n), finals)
-                yield sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
-                                              usage=usage))
-        except ConnectionAbortedError:
-            return
-        except Exception as e:  # noqa: BLE001  # the 200 headers are out: report in-band, then end the stream
-            yield sse_error(e)
-        finally:
-            group.cancel()
-        yield SSE_DONE
+                    if parser.calls and reason == "stop":
+                        reason = "tool_calls"
+                yield chunk(i, {}, None, reason, matched)
+        if req.stream_options and req.stream_options.include_usage:
+            usage = reasoning.add_usage(self.usage(finals, n), finals)
+            yield sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
+                                          usage=usage))

@@ -18,7 +18,6 @@ from radixserve.entrypoints.openai_protocol import (
 )
 from radixserve.entrypoints.openai_serving import (
     OPENAI_RENAMES,
-    SSE_DONE,
     APIError,
     RequestGroup,
     SSEResponse,
@@ -27,7 +26,6 @@ from radixserve.entrypoints.openai_serving import (
     new_logprob_items,
     parse_body,
     sse,
-    sse_error,
 )
 from radixserve.entrypoints.serving_base import UNSUPPORTED_COMPLETIONS, OpenAIServingBase
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
@@ -139,30 +137,22 @@ class OpenAIServingCompletion(OpenAIServingBase):
                                       matched_stop=matched)
             return sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[choice]))
 
-        try:
-            if req.echo:
-                for i, sub in enumerate(subs):
-                    text = self._prompt_text(sub)
-                    offsets[i] = len(text)
-                    yield chunk(i, text, None)
-            async for i, out in group.events(request):
-                reason, matched = finish_reason(out["meta_info"])
-                logprobs = None
-                if req.logprobs is not None:
-                    logprobs = CompletionLogprobs()
-                    offsets[i] = self._add_logprobs(logprobs, new_logprob_items(out), top_k, offsets[i])
-                if out["delta"] or reason or (logprobs and logprobs.tokens):
-                    yield chunk(i, out["delta"], logprobs, reason, matched)
-                if out["finished"]:
-                    finals[i] = out
-            if req.stream_options and req.stream_options.include_usage:
-                usage = self.usage(finals, n)
-                yield sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[],
-                                             usage=usage))
-        except ConnectionAbortedError:
-            return
-        except Exception as e:  # noqa: BLE001  # the 200 headers are out: report in-band, then end the stream
-            yield sse_error(e)
-        finally:
-            group.cancel()
-        yield SSE_DONE
+        if req.echo:
+            for i, sub in enumerate(subs):
+                text = self._prompt_text(sub)
+                offsets[i] = len(text)
+                yield chunk(i, text, None)
+        async for i, out in group.events(request):
+            reason, matched = finish_reason(out["meta_info"])
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = CompletionLogprobs()
+                offsets[i] = self._add_logprobs(logprobs, new_logprob_items(out), top_k, offsets[i])
+            if out["delta"] or reason or (logprobs and logprobs.tokens):
+                yield chunk(i, out["delta"], logprobs, reason, matched)
+            if out["finished"]:
+                finals[i] = out
+        if req.stream_options and req.stream_options.include_usage:
+            usage = self.usage(finals, n)
+            yield sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[],
+                                         usage=usage))

@@ -18,12 +18,10 @@ from starlette.responses import JSONResponse, Response
 
 from radixserve.entrypoints.openai_protocol import GenerateRequest
 from radixserve.entrypoints.openai_serving import (
-    SSE_DONE,
     RequestGroup,
     SSEResponse,
     parse_body,
     sse,
-    sse_error,
 )
 from radixserve.entrypoints.serving_base import OpenAIServingBase
 from radixserve.managers.io_struct import GenerateReqInput
@@ -54,22 +52,14 @@ class NativeServing(OpenAIServingBase):
         # with the output); the OpenAI routes send only what is new.
         texts = [""] * len(group.subs)
         ids: list[list[int]] = [[] for _ in group.subs]
-        try:
-            async for i, out in group.events(request):
-                texts[i] += out["delta"]
-                ids[i].extend(out["new_token_ids"])
-                event = {"text": out["text"] if out["finished"] else texts[i], "output_ids": ids[i],
-                         "meta_info": out["meta_info"]}
-                if is_batch:
-                    event["index"] = i
-                yield sse(event)
-        except ConnectionAbortedError:
-            return
-        except Exception as e:  # noqa: BLE001  # the 200 headers are out: report in-band, then end the stream
-            yield sse_error(e)
-        finally:
-            group.cancel()
-        yield SSE_DONE
+        async for i, out in group.events(request):
+            texts[i] += out["delta"]
+            ids[i].extend(out["new_token_ids"])
+            event = {"text": out["text"] if out["finished"] else texts[i], "output_ids": ids[i],
+                     "meta_info": out["meta_info"]}
+            if is_batch:
+                event["index"] = i
+            yield sse(event)
 
 
 def _public(out: dict[str, Any]) -> dict[str, Any]:

@@ -77,6 +77,8 @@ class BaseDetector:
         self.schemas = function_defs(tools)
         self.calls: list[ToolCall] = []
         self._opened = 0  # calls opened so far: a dropped call's index is never reused (a stream saw it)
+        self._buf = ""  # text fed and not yet consumed by _step
+        self._cur: ToolCall | None = None  # the call being read (None: none, or a call to an unknown function)
 
     def open_call(self, name: str) -> ToolCall | None:
         """A new call of `name` (None, and nothing to stream, for a function not in tools)."""
@@ -87,12 +89,28 @@ class BaseDetector:
         self.calls.append(call)
         return call
 
+    def _drop(self) -> None:
+        """Forget the call being read unless it is complete (cut off by the length limit, or invalid)."""
+        if self._cur is not None and not self._cur.complete:
+            self.calls.remove(self._cur)
+        self._cur = None
+
     def known(self, name: str) -> bool:
         """May a call to `name` be returned? Any name when the parser was built without tools."""
         return self.tools is None or name in self.schemas
 
     # ------------------------------------------------------------------ parsing (per format)
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """The next piece of output: (its content, the call deltas it completes), as far as it can be decided."""
+        self._buf += text
+        content: list[str] = []
+        deltas: list[ToolCallDelta] = []
+        while self._step(content, deltas):
+            pass
+        return "".join(content), deltas
+
+    def _step(self, content: list[str], deltas: list[ToolCallDelta]) -> bool:
+        """Consume what it can of self._buf into `content` / `deltas`; False when it needs more text."""
         raise NotImplementedError
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:

@@ -21,7 +21,6 @@ from typing import Any
 
 from radixserve.function_call.base_detector import (
     BaseDetector,
-    ToolCall,
     ToolCallDelta,
     partial_marker_len,
 )
@@ -46,23 +45,13 @@ class JsonDetector(BaseDetector):
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._state = "text"  # text | head | args | tail | after
         self._depth = 0
         self._in_str = False
         self._esc = False
         self._raw = ""  # the current section's text, given back as content if it turns out not to be a call
-        self._cur: ToolCall | None = None  # the call being read (None: a call to an unknown function, skipped)
 
     # ------------------------------------------------------------------ parsing
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buf += text
-        content: list[str] = []
-        deltas: list[ToolCallDelta] = []
-        while self._step(content, deltas):
-            pass
-        return "".join(content), deltas
-
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         content, deltas = self.feed("")
         if self._state == "text":

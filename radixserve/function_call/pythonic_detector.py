@@ -21,7 +21,6 @@ from typing import Any
 
 from radixserve.function_call.base_detector import (
     BaseDetector,
-    ToolCall,
     ToolCallDelta,
 )
 from radixserve.function_call.python_literal import parse_literal
@@ -56,9 +55,7 @@ class PythonicDetector(BaseDetector):
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._state = "text"  # text | args | after | next | end
-        self._cur: ToolCall | None = None
         self._bad = False  # the call being read had a bad argument: it is skipped
         self._arg = ""  # the current keyword argument's text so far
         self._keys: set[str] = set()
@@ -67,14 +64,6 @@ class PythonicDetector(BaseDetector):
         self._esc = False
 
     # ------------------------------------------------------------------ parsing
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buf += text
-        content: list[str] = []
-        deltas: list[ToolCallDelta] = []
-        while self._step(content, deltas):
-            pass
-        return "".join(content), deltas
-
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         content, deltas = self.feed("")
         if self._state in ("text", "end"):
@@ -83,11 +72,6 @@ class PythonicDetector(BaseDetector):
             self._drop()  # cut off by the length limit
         self._buf, self._state = "", "text"
         return content, deltas
-
-    def _drop(self) -> None:
-        if self._cur is not None and not self._cur.complete:
-            self.calls.remove(self._cur)
-        self._cur = None
 
     def _emit(self, deltas: list[ToolCallDelta], piece: str) -> None:
         if self._cur is not None and not self._bad:

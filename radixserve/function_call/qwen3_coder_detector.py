@@ -28,7 +28,6 @@ from typing import Any
 
 from radixserve.function_call.base_detector import (
     BaseDetector,
-    ToolCall,
     ToolCallDelta,
     partial_marker_len,
     tools_json_lines,
@@ -104,24 +103,14 @@ class Qwen3CoderDetector(BaseDetector):
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         super().__init__(tools)
-        self._buf = ""
         self._raw = ""  # `<tool_call>` and what followed it, given back if no `<function=` comes
         self._state = "text"  # text | head | params | value | tail
-        self._cur: ToolCall | None = None
         self._fn = ""  # the function being read (its call may be skipped: unknown name)
         self._param = ""
         self._nparams = 0
         self._seen = 0  # how much of the current value has been searched for its end
 
     # ------------------------------------------------------------------ parsing
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buf += text
-        content: list[str] = []
-        deltas: list[ToolCallDelta] = []
-        while self._step(content, deltas):
-            pass
-        return "".join(content), deltas
-
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         content, deltas = self.feed("")
         if self._state == "text":
@@ -132,11 +121,6 @@ class Qwen3CoderDetector(BaseDetector):
             self._drop()  # cut off by the length limit
         self._buf, self._raw, self._state = "", "", "text"
         return content, deltas
-
-    def _drop(self) -> None:
-        if self._cur is not None and not self._cur.complete:
-            self.calls.remove(self._cur)
-        self._cur = None
 
     def _emit(self, deltas: list[ToolCallDelta], piece: str) -> None:
         if self._cur is not None:

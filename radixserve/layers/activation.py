@@ -41,10 +41,22 @@ class GeluTanhAndMul(CpuKernelLayer):
         return F.gelu(gate, approximate="tanh") * up
 
 
+# The gated activations the engine implements, by ModelConfig.hidden_act (model_config.ACTIVATIONS maps configs'
+# spellings onto these), in the C++ kernels' order: csrc/fused_experts.cpp's `act` is the index here.
+GATED_ACTIVATIONS: dict[str, type[CpuKernelLayer]] = {"silu": SiluAndMul, "gelu_tanh": GeluTanhAndMul}
+
+
+def _known(name: str) -> str:
+    if name not in GATED_ACTIVATIONS:
+        raise ValueError(f"no gated activation {name!r} (supported: {', '.join(GATED_ACTIVATIONS)})")
+    return name
+
+
 def gated_activation(name: str) -> nn.Module:
-    """The gated MLP's activation by ModelConfig.hidden_act (the one list: model_config.ACTIVATIONS)."""
-    if name == "silu":
-        return SiluAndMul()
-    if name == "gelu_tanh":
-        return GeluTanhAndMul()
-    raise ValueError(f"no gated activation {name!r} (supported: silu, gelu_tanh)")
+    """The gated MLP's activation module by name."""
+    return GATED_ACTIVATIONS[_known(name)]()
+
+
+def kernel_activation_id(name: str) -> int:
+    """The activation's id in the C++ kernels (fused_experts' `act`)."""
+    return list(GATED_ACTIVATIONS).index(_known(name))

@@ -111,19 +111,8 @@ class RadixCache(BasePrefixCache):
     # ------------------------------------------------------------------ match / insert
     def match_prefix(self, key: list[int]) -> MatchResult:
         key = key[: round_down_to_page(len(key), self.page_size)]
-        now = self._tick()
-        node, values = self.root, []
-        while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
-                break
-            n = self._match_len(child.key, key)
-            if n < len(child.key):
-                child = self._split(child, n)  # n >= page_size: the first page matched
-            child.last_access = now  # after the split: the unmatched lower part keeps its age
-            values.append(child.value)
-            node, key = child, key[n:]
-        indices = torch.cat(values) if values else self._empty()
+        node, path, _ = self._descend(key, self._tick())
+        indices = torch.cat([n.value for n in path]) if path else self._empty()
         return MatchResult(indices, node)
 
     def insert(self, key: list[int], value: torch.Tensor) -> int:
@@ -132,23 +121,32 @@ class RadixCache(BasePrefixCache):
                 f"insert: key of {len(key)} tokens, value of {value.numel()} slots, page {self.page_size}"
             )
         now = self._tick()
-        node, matched = self.root, 0
-        while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
-                break
-            n = self._match_len(child.key, key)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            matched += n
-            node, key, value = child, key[n:], value[n:]
+        node, _, matched = self._descend(key, now)
+        key, value = key[matched:], value[matched:]
         if key:
             # clone: value is usually a view of a req_to_token row, which is zeroed on free.
             leaf = TreeNode(node, list(key), value.to(torch.int64).clone(), now)
             node.children[self._child_key(key)] = leaf
             self._evictable += len(key)
         return matched
+
+    def _descend(self, key: list[int], now: int) -> tuple[TreeNode, list[TreeNode], int]:
+        """Walk `key`'s longest cached prefix from the root: (its last node, the nodes on the way, tokens
+        matched). A node matched in part is split at the match, and every node on the way is touched at `now`,
+        after the split, so the unmatched lower part keeps its age."""
+        node, path, matched = self.root, [], 0
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            n = self._match_len(child.key, key)
+            if n < len(child.key):
+                child = self._split(child, n)  # n >= page_size: the first page matched
+            child.last_access = now
+            path.append(child)
+            matched += n
+            node, key = child, key[n:]
+        return node, path, matched
 
     # ------------------------------------------------------------------ request hand-off
     def cache_finished_req(self, req: CacheReq, kv_len: int | None = None) -> None:

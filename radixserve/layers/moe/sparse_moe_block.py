@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
-from radixserve.layers.activation import gated_activation
+from radixserve.layers.activation import gated_activation, kernel_activation_id
 from radixserve.layers.kernel_mode import step_kernels
 from radixserve.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from radixserve.layers.moe.expert_load import ExpertLoad
@@ -29,9 +29,6 @@ from radixserve.layers.moe.router import TopKRouting, softmax_topk
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
     from radixserve.model_loader.model_config import ModelConfig
-
-KERNEL_ACTS = {"silu": 0, "gelu_tanh": 1}  # ModelConfig.hidden_act -> csrc/fused_experts.cpp's act
-
 
 class SharedExpertMLP(nn.Module):
     """down(act(gate(x)) * up(x)) of the shared expert's own size, tensor-parallel like the dense MLP."""
@@ -58,7 +55,7 @@ class SparseMoeBlock(nn.Module):
         self.gate.weight.requires_grad_(False)
         self.experts = FusedMoE(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, ps)
         self.act = gated_activation(cfg.hidden_act)
-        self.kernel_act = KERNEL_ACTS[cfg.hidden_act]
+        self.kernel_act = kernel_activation_id(cfg.hidden_act)
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = SharedExpertMLP(cfg.hidden_size, cfg.shared_expert_intermediate_size,

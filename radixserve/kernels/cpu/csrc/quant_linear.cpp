@@ -78,6 +78,23 @@ inline __m256 scales8(const void* base, int64_t nb, int64_t g, int64_t b, int sg
   return v;
 }
 
+// A tile's R activation rows from row r0: their int8 values, block scales, and the sums a min term
+// multiplies (`sums`: a.s, one per 32 elements, or a.s16, one per 16 (`per_block` 2); null for a kind without a min).
+template <int R>
+struct TileRows {
+  const int8_t* q[R];
+  const float* d[R];
+  const float* s[R];
+  TileRows(const Q8ActRows& a, int64_t r0, int64_t K, const std::vector<float>* sums, int per_block) {
+    const int64_t nb = K / kQBlock;
+    for (int r = 0; r < R; ++r) {
+      q[r] = a.q.data() + (r0 + r) * K;
+      d[r] = a.d.data() + (r0 + r) * nb;
+      s[r] = sums ? sums->data() + (r0 + r) * nb * per_block : nullptr;
+    }
+  }
+};
+
 // One quarter of 32 signed 8-bit weights (4 per row lane) against R rows' 4 activation bytes at xq[r] + off:
 // s32[r] += each lane's 4 products. maddubs / dpbusd multiply unsigned x signed bytes, so the weights' |w|
 // meets sign(w) * x: a weight of -128 (|w| = 128 unsigned) is right too, and a pair sum (2 * 128 * 127) fits
@@ -113,16 +130,9 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   constexpr int kT = 8 / S;  // 4-element quarters per scale group
   const int64_t nb = w.K / kQBlock, K = w.K;
   const int8_t* wg = static_cast<const int8_t*>(w.data) + g * nb * 256;
+  const TileRows<R> x(a, r0, K, kMin ? (S == 1 ? &a.s : &a.s16) : nullptr, S);
   __m256 acc[R];
-  const int8_t* xq[R];
-  const float* xd[R];
-  const float* xs[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    xq[r] = a.q.data() + (r0 + r) * K;
-    xd[r] = a.d.data() + (r0 + r) * nb;
-    xs[r] = (S == 1 ? a.s.data() : a.s16.data()) + (r0 + r) * nb * S;
-  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* wb = wg + b * 256;
     if (R <= 2) prefetch_block<256>(wb);
@@ -130,13 +140,13 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
       __m256i s32[R];
       for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
       for (int t = sg * kT; t < (sg + 1) * kT; ++t)
-        q8_quarter<R>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32)), xq, b * kQBlock + 4 * t, s32);
-      scale_group<R>(scales8<S, kF>(w.d, nb, g, b, sg), s32, xd, b, acc);
+        q8_quarter<R>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32)), x.q, b * kQBlock + 4 * t, s32);
+      scale_group<R>(scales8<S, kF>(w.d, nb, g, b, sg), s32, x.d, b, acc);
     }
     if (kMin) {
       for (int sg = 0; sg < S; ++sg) {
         const __m256 m8 = scales8<S, kF>(w.m, nb, g, b, sg);
-        for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[r][b * S + sg]), acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(x.s[r][b * S + sg]), acc[r]);
       }
     }
   }
@@ -154,16 +164,9 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 #ifndef RS_VNNI
   const __m256i ones = _mm256_set1_epi16(1);
 #endif
+  const TileRows<R> x(a, r0, K, &a.s, 1);
   __m256 acc[R];
-  const int8_t* xq[R];
-  const float* xd[R];
-  const float* xs[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    xq[r] = a.q.data() + (r0 + r) * K;
-    xd[r] = a.d.data() + (r0 + r) * nb;
-    xs[r] = a.s.data() + (r0 + r) * nb;
-  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   {
     const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * kBytes;
     const __m256i mask = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
@@ -188,7 +191,7 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
           hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
         }
         for (int r = 0; r < R; ++r) {
-          const int8_t* xb = xq[r] + b * kQBlock + 8 * t;
+          const int8_t* xb = x.q[r] + b * kQBlock + 8 * t;
           // nibbles are unsigned: a pair sum is at most 2 * 15 * 127 = 3810, so the 8 of a block
           // (30480) still fit int16 and widen once per block
 #ifdef RS_VNNI
@@ -218,8 +221,8 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 #else
         const __m256 sum = _mm256_cvtepi32_ps(kQ5 ? p32[r] : _mm256_madd_epi16(p[r], ones));
 #endif
-        acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d8, _mm256_set1_ps(xd[r][b])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(xs[r][b]), acc[r]);  // the Q4_1 min term
+        acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d8, _mm256_set1_ps(x.d[r][b])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(x.s[r][b]), acc[r]);  // the Q4_1 min term
       }
     }
   }
@@ -234,14 +237,9 @@ inline void tile_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   const int64_t nb = w.K / kQBlock, K = w.K;
   const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * 192;
   const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+  const TileRows<R> x(a, r0, K, nullptr, 0);
   __m256 acc[R];
-  const int8_t* xq[R];
-  const float* xd[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    xq[r] = a.q.data() + (r0 + r) * K;
-    xd[r] = a.d.data() + (r0 + r) * nb;
-  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = wg + b * 192;
     if (R <= 2) prefetch_block<192>(wb);
@@ -256,12 +254,12 @@ inline void tile_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
         // the 8-bit layout's quarters 2t and 2t + 1: low nibbles, then high
         q8_quarter<R>(_mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v, mask),
                                                       _mm256_and_si256(_mm256_slli_epi16(h, 4), top)), off),
-                      xq, b * kQBlock + 8 * t, s32);
+                      x.q, b * kQBlock + 8 * t, s32);
         q8_quarter<R>(_mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
                                                       _mm256_and_si256(_mm256_slli_epi16(h, 2), top)), off),
-                      xq, b * kQBlock + 8 * t + 4, s32);
+                      x.q, b * kQBlock + 8 * t + 4, s32);
       }
-      scale_group<R>(scales8<2, kF>(w.d, nb, g, b, sg), s32, xd, b, acc);
+      scale_group<R>(scales8<2, kF>(w.d, nb, g, b, sg), s32, x.d, b, acc);
     }
   }
   for (int r = 0; r < R; ++r) out8[r] = acc[r];
