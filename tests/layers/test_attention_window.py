@@ -154,6 +154,31 @@ def test_varlen_kernels_window_and_cap(op, seed, reqs, heads, D, window, cap, bf
 
 
 @needs_kernels
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), prefixes=st.lists(st.integers(900, 4500), min_size=1, max_size=3),
+       heads=st.sampled_from([(4, 1), (3, 1), (4, 2)]), D=HEAD_DIMS, window=st.sampled_from([None, 70, 1500]),
+       cap=CAPS, bf16=st.booleans())
+def test_long_decode_rows_split_over_key_chunks(seed, prefixes, heads, D, window, cap, bf16):
+    """A decode row that sees more than 1,024 keys runs as 1,024-key chunks merged in order (flash-decoding's
+    split-K, so one kv head at batch 1 still uses every thread): equal to the reference, and each row's bits
+    its own, whatever the batch around it or the thread count."""
+    H, Hkv = heads
+    c = kernel_case(seed, [(p, 1) for p in prefixes], H, Hkv, D, window, cap, bf16)
+    out = run_paged(c, 1, window, cap)
+    torch.testing.assert_close(out.double(), c.want, atol=ATOL, rtol=RTOL)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run_paged(c, 1, window, cap), out)
+    finally:
+        torch.set_num_threads(threads)
+    first = torch.full_like(c.q[:1], float("nan"))  # the first request alone, on the same pool
+    ops.paged_attention(c.q[:1].contiguous(), c.k_pool, c.v_pool, c.kv_idx[:1].contiguous(), c.seq_lens[:1].contiguous(),
+                        1, D**-0.5, *kernel_args(window, cap), first)
+    assert torch.equal(first, out[:1])
+
+
+@needs_kernels
 @pytest.mark.parametrize("D", [16, 64])
 def test_window_covering_the_context_is_the_global_kernel_bit_for_bit(D):
     """window >= every position + 1 hides nothing, and then each kernel runs the global arithmetic."""

@@ -51,4 +51,38 @@ inline void check_window_softcap(const char* op, int64_t window, double softcap)
               ": softcap must be a finite number >= 0 (0 = no soft-cap), got ", softcap);
 }
 
+// A decode row (L == 1) that sees more than kSplitKeys keys is split into kSplitKeys-key chunks, each its own
+// work item, merged in chunk order (flash-decoding's split-K): one item per (request, kv head) left a model
+// with one kv head (Gemma 3) at a long context, batch 1, attending on one thread. The split depends only on
+// the row's own visible count, so a row's result never depends on its batch or the thread count, and rows
+// of up to kSplitKeys keys keep the one-pass arithmetic bit for bit.
+constexpr int64_t kSplitKeys = 1024;
+
+inline int64_t key_chunks(int64_t L, int64_t len, int64_t window) {
+  const int64_t n = L == 1 ? keys_of(len - 1, window).n : 0;
+  return n > kSplitKeys ? (n + kSplitKeys - 1) / kSplitKeys : 1;
+}
+
+// Merge `nc` key chunks' partial results of G rows (chunk c, row g: max m[c * G + g], sum l[c * G + g] of
+// exp(score - max), unnormalised V sum acc[(c * G + g) * D ..]) in chunk order into out[g * D ..]:
+// sum_c e_c acc_c / sum_c e_c l_c with e_c = exp(m_c - max_c m_c).
+inline void merge_key_chunks(const float* m, const float* l, const float* acc, int64_t nc, int64_t G, int64_t D,
+                             float* out) {
+  for (int64_t g = 0; g < G; ++g) {
+    float mm = m[g];
+    for (int64_t c = 1; c < nc; ++c) mm = std::max(mm, m[c * G + g]);
+    float sum = 0.f;
+    float* o = out + g * D;
+    std::fill(o, o + D, 0.f);
+    for (int64_t c = 0; c < nc; ++c) {
+      const float e = std::exp(m[c * G + g] - mm);
+      sum += e * l[c * G + g];
+      const float* a = acc + (c * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += e * a[d];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+  }
+}
+
 }  // namespace radixserve

@@ -311,15 +311,18 @@ inline bool row_scores(const float* qp, const T* kp, const int64_t* idx, int64_t
 // Soft-cap (softcap > 0), then exp(s[t] - max) in place over a row's n visible scores; returns 1 / their
 // sum (the caller applies it at the end). Built with -ffast-math so GCC vectorises expf through
 // glibc's libmvec (scalar expf was ~40% of the kernel).
-inline float softmax_row(float* s, int64_t n, float softcap) {
+inline float softmax_row(float* s, int64_t n, float softcap, float* max_out = nullptr, float* sum_out = nullptr) {
   if (softcap > 0.f) soft_cap(s, n, softcap);
   float m = s[0];
   for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
   float sum = 0.f;
   for (int64_t t = 0; t < n; ++t) s[t] = std::exp(s[t] - m);
   for (int64_t t = 0; t < n; ++t) sum += s[t];
+  if (max_out) *max_out = m;
+  if (sum_out) *sum_out = sum;
   return 1.f / sum;
 }
+
 
 // The last query row (exclusive, capped at i1) of a block at positions pos0 + i that sees key t: a
 // window hides key t from positions >= t + window.
@@ -378,52 +381,90 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
 
   const int64_t row = Hkv * D;  // floats per slot: all kv heads of one token
-  // One work item per (request, kv head), so even a batch of one request uses every thread.
+  // Work items: (request, kv head, key chunk), request-major, so even a batch of one request uses every
+  // thread; item first[b] + h * chunks[b] + c is chunk c of request b's kv head h.
+  std::vector<int64_t> chunks(nb), first(nb + 1, 0);
+  for (int64_t b = 0; b < nb; ++b) {
+    chunks[b] = key_chunks(L, lp[b], window);
+    first[b + 1] = first[b] + Hkv * chunks[b];
+  }
+  const int64_t items = first[nb];
+  const bool split = items > nb * Hkv;
+  // a split item's G rows: the max and sum of its chunk's exp(scores - max), and its unnormalised V sum
+  std::vector<float> part_m(split ? items * G : 0), part_l(split ? items * G : 0), part_acc(split ? items * G * D : 0);
   with_kv(k, v, [&](const auto* kp, const auto* vp) {
-  at::parallel_for(0, nb * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc, inv_sum, sg(G);
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t b = w / Hkv, h = w % Hkv;
-      const int64_t len = lp[b], R = L * G, pos0 = len - L;  // row r = i * G + g: query i, head h * G + g
-      const int64_t* idx = ip + b * max_len;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc, inv_sum, mx, sums, sg(G);
+    // Attention of request b's kv head h over its keys idx[0 .. len): L query rows at positions len - L ..,
+    // each seeing keys_of(its position, window). acc gets the unnormalised V sums, inv_sum (mx, sums) the
+    // rows' 1 / sum (max, sum) of exp(score - max).
+    auto attend = [&](int64_t b, int64_t h, const int64_t* idx, int64_t len, int64_t nq, int64_t win) {
+      const int64_t R = nq * G, pos0 = len - nq;  // row r = i * G + g: query i, head h * G + g
       // >= every row's visible count; with a window the scratch stays O(window), not O(len)
-      const int64_t stride = window > 0 ? std::min(len, window) : len;
+      const int64_t stride = win > 0 ? std::min(len, win) : len;
       scores.assign(R * stride, 0.f);
       acc.assign(R * D, 0.f);
       inv_sum.assign(R, 0.f);
-      // Pass 1: scores. Query i at position pos0 + i sees keys keys_of(pos0 + i, window); its score of
+      mx.assign(R, 0.f);
+      sums.assign(R, 0.f);
+      // Pass 1: scores. Query i at position pos0 + i sees keys keys_of(pos0 + i, win); its score of
       // key lo + j goes to column j.
-      if (!row_scores(qp, kp, idx, b, h, L, window, H, G, D, row, len, stride, fscale, scores.data())) {
-        for (int64_t t = window_start(pos0, window); t < len; ++t) {
+      if (!row_scores(qp, kp, idx, b, h, nq, win, H, G, D, row, len, stride, fscale, scores.data())) {
+        for (int64_t t = window_start(pos0, win); t < len; ++t) {
           if (t + kAhead < len) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
           const auto* kr = kp + idx[t] * row + h * D;
-          for (int64_t i = (t > pos0 ? t - pos0 : 0); i < rows_seeing_end(t, pos0, window, L); ++i) {
-            dot_group(qp + ((b * L + i) * H + h * G) * D, kr, G, D, sg.data());  // heads h*G .. h*G+G-1
-            const int64_t j = t - window_start(pos0 + i, window);
+          for (int64_t i = (t > pos0 ? t - pos0 : 0); i < rows_seeing_end(t, pos0, win, nq); ++i) {
+            dot_group(qp + ((b * nq + i) * H + h * G) * D, kr, G, D, sg.data());  // heads h*G .. h*G+G-1
+            const int64_t j = t - window_start(pos0 + i, win);
             for (int64_t g = 0; g < G; ++g) scores[(i * G + g) * stride + j] = sg[g] * fscale;
           }
         }
       }
-      // Softmax of each row over its visible keys; the normaliser is applied at the end.
+      // Softmax of each row over its visible keys; the normaliser is applied by the caller.
       for (int64_t r = 0; r < R; ++r) {
-        inv_sum[r] = softmax_row(scores.data() + r * stride, keys_of(pos0 + r / G, window).n, fcap);
+        inv_sum[r] = softmax_row(scores.data() + r * stride, keys_of(pos0 + r / G, win).n, fcap, &mx[r], &sums[r]);
       }
       // Pass 2: weighted sum of V rows, one query row at a time with its 64-column slice of the
       // accumulator held in registers (an in-memory accumulator updated per key stalled on
       // store-to-load forwarding). Each V row is read R times, from L1/L2 after the first.
-      for (int64_t i = 0; i < L; ++i) {
-        const KeyRange keys = keys_of(pos0 + i, window);
+      for (int64_t i = 0; i < nq; ++i) {
+        const KeyRange keys = keys_of(pos0 + i, win);
         rows_weighted_sum(scores.data() + i * G * stride, stride, vp, idx + keys.lo, row, h * D, keys.n, G, D,
                           acc.data() + i * G * D);
       }
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t i = r / G, g = r % G;
-        float* orow = op + ((b * L + i) * H + h * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) orow[d] = acc[r * D + d] * inv_sum[r];
+    };
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = std::upper_bound(first.begin(), first.end(), w) - first.begin() - 1;
+      const int64_t h = (w - first[b]) / chunks[b], c = (w - first[b]) % chunks[b];
+      const int64_t* idx = ip + b * max_len;
+      if (chunks[b] == 1) {
+        attend(b, h, idx, lp[b], L, window);
+        for (int64_t r = 0; r < L * G; ++r) {
+          const int64_t i = r / G, g = r % G;
+          float* orow = op + ((b * L + i) * H + h * G + g) * D;
+          for (int64_t d = 0; d < D; ++d) orow[d] = acc[r * D + d] * inv_sum[r];
+        }
+        continue;
       }
+      // chunk c of the one decode row's visible keys: as a window-free row of its own over those keys
+      const KeyRange keys = keys_of(lp[b] - 1, window);
+      const int64_t lo = keys.lo + c * kSplitKeys, n = std::min(kSplitKeys, keys.n - c * kSplitKeys);
+      attend(b, h, idx + lo, n, 1, 0);
+      std::copy(mx.begin(), mx.begin() + G, part_m.begin() + w * G);
+      std::copy(sums.begin(), sums.begin() + G, part_l.begin() + w * G);
+      std::copy(acc.begin(), acc.begin() + G * D, part_acc.begin() + w * G * D);
     }
   });
   });
+  if (!split) return;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (chunks[b] == 1) continue;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t w0 = first[b] + h * chunks[b];
+      merge_key_chunks(part_m.data() + w0 * G, part_l.data() + w0 * G, part_acc.data() + w0 * G * D, chunks[b], G, D,
+                       op + (b * H + h * G) * D);  // L == 1: request b's one query row, heads h * G ..
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
