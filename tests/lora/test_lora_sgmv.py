@@ -33,19 +33,24 @@ def _adapters(ranks: list[int], seed: int = 0):
     return A, B, B.t().contiguous(), torch.tensor(blocks), col_group
 
 
-def test_equals_the_masked_gemm_pair_and_is_batch_invariant() -> None:
+# row patterns: adapters with 4 and 5 rows, then 1, 2, 3, 6 and 7 (the kernel works in tiles of up to 4 rows)
+ROWS = [[0, 1, 2, 3, -1] * 4 + [2], [0, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3, 3, -1, 0, 1, 2, 3, 3, 3, 2, 2, 2, 2]]
+
+
+@pytest.mark.parametrize("pattern", ROWS)
+def test_equals_the_masked_gemm_pair_and_is_batch_invariant(pattern: list[int]) -> None:
     A, B, Bt, blocks, col_group = _adapters([5, 16, 3, 9])
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(21, IN, generator=g)
-    rows = torch.tensor([0, 1, 2, 3, -1] * 4 + [2])
-    base = torch.randn(21, B.shape[0], generator=g)
+    x = torch.randn(len(pattern), IN, generator=g)
+    rows = torch.tensor(pattern)
+    base = torch.randn(len(pattern), B.shape[0], generator=g)
     out = base.clone()
     ops.lora_sgmv(x, rows, A, Bt, blocks, out)
     mask = (rows[:, None] == col_group[None, :]).float()
     want = base + ((x @ A.t()) * mask) @ B.t()
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[rows == -1], base[rows == -1])  # base rows: untouched
-    for i in (0, 3, 7, 20):
+    for i in range(len(pattern)):
         alone = base[i : i + 1].clone()
         ops.lora_sgmv(x[i : i + 1].clone(), rows[i : i + 1].clone(), A, Bt, blocks, alone)
         assert torch.equal(alone[0], out[i]), i
