@@ -32,6 +32,7 @@ from radixserve.lora.lora_batch import LoRABatch, torch_lora_apply
 from radixserve.lora.lora_config import LoRAConfig
 from radixserve.lora.lora_dense import DenseCache
 from radixserve.model_loader import get_model_config
+from radixserve.model_executor.model_runner import resolve_dtype
 from radixserve.model_loader.default_model import default_model_path
 
 _TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -80,10 +81,14 @@ def _weights(shards: list[int], in_f: int, rank: int) -> LoRAWeights:
     return stack_shards(pieces, sum(shards), 1.0, torch.float32, torch.device("cpu"))
 
 
-def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats: int = 20) -> float:
+def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats: int = 20,
+                        dtype: torch.dtype | None = None) -> float:
     """ms for one decode step's LoRA deltas: `rows` rows (one per request) round-robin over `num` adapters,
     every projection of every layer in our stacked layout, through the path the server takes (LoRABatch: few
-    rows side by side, by lora_sgmv where the C++ kernels load; segmented otherwise)."""
+    rows side by side, by lora_sgmv where the C++ kernels load; segmented otherwise), with the adapters held in
+    `dtype` (default: what the server's --dtype auto picks on this machine)."""
+    if dtype is None:
+        dtype = resolve_dtype("auto", torch.device("cpu"))
 
     cfg = get_model_config(model_path)
     s = _module_shapes(cfg)
@@ -95,7 +100,7 @@ def lora_matmul_step_ms(model_path: str, num: int, rank: int, rows: int, repeats
     adapters = [LoRAAdapter(LoRAConfig(f"x{k}", "", rank, 2.0 * rank, False, None), k + 1,
                             {n: _weights(*stacked[n.split(".")[1]], rank) for n in names}) for k in range(num)]
     batch = LoRABatch.build([adapters[i % num] for i in range(rows)], [1] * rows, torch.device("cpu"),
-                            torch_lora_apply, DenseCache(torch.float32, load_cpu_ops()[0]))  # lora_sgmv where it runs
+                            torch_lora_apply, DenseCache(torch.float32, load_cpu_ops()[0], dtype))  # lora_sgmv where it runs
     assert batch is not None
     xs = {n: torch.randn(rows, i) for n, (shards, i) in stacked.items()}
     outs = {n: torch.zeros(rows, sum(shards)) for n, (shards, i) in stacked.items()}

@@ -76,8 +76,10 @@ class RunnerDriver:
         return locs
 
     # ------------------------------------------------------------------ steps
-    def step(self, items: list[tuple[int, list[int]]], mode: ForwardMode) -> GenerationBatchResult:
-        """One forward: items are (row, new token ids); each row's prefix is what it already holds."""
+    def step(self, items: list[tuple[int, list[int]]], mode: ForwardMode,
+             lora_uids: list[int] | None = None) -> GenerationBatchResult:
+        """One forward: items are (row, new token ids); each row's prefix is what it already holds.
+        lora_uids: each row's LoRA adapter (its uid in the runner's LoRAManager, 0 = the base model)."""
         prefix_lens = [self.rows[row] for row, _ in items]
         seq_lens = [p + len(new) for p, (_, new) in zip(prefix_lens, items)]
         locs = self._alloc([row for row, _ in items], prefix_lens, seq_lens)
@@ -89,6 +91,7 @@ class RunnerDriver:
             prefix_lens=prefix_lens,
             out_cache_loc=locs,
             sampling_params=[GREEDY] * len(items),
+            lora_uids=lora_uids,
         )
         return self.runner.forward_batch_generation(mwb)
 

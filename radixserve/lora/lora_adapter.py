@@ -15,7 +15,7 @@ folded into B once at load time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,10 +42,19 @@ class LoRAWeights:
     # (None: B is one block, every output row over every rank)
     blocks: torch.Tensor | None = None
 
+    _views: list[tuple[int, int, int, int, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
+
     def block_table(self) -> torch.Tensor:
         if self.blocks is None:
             return torch.tensor([[0, self.B.shape[0], 0, self.A.shape[0]]], dtype=torch.int64)
         return self.blocks
+
+    def block_views(self) -> list[tuple[int, int, int, int, torch.Tensor]]:
+        """(out start, out rows, rank start, ranks, B's block as a view) for each non-zero block of B."""
+        if self._views is None:
+            self._views = [(o0, on, r0, rn, self.B[o0 : o0 + on, r0 : r0 + rn])
+                           for o0, on, r0, rn in self.block_table().tolist()]
+        return self._views
 
 
 @dataclass

@@ -71,7 +71,7 @@ class _Registration:
 class LoRAManager:
     def __init__(self, model: nn.Module, paths: dict[str, str], max_rank: int, max_loaded: int,
                  dtype: torch.dtype, device: torch.device, ps: object = None, cpu_ops: Any = None,
-                 act_dtype: torch.dtype | None = None) -> None:
+                 sgmv_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.max_rank = max_rank
         self.max_loaded = max_loaded
@@ -83,7 +83,8 @@ class LoRAManager:
         self.loaded: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self.apply = torch_lora_apply
         # few-row steps (decode, verify): the adapters side by side, through lora_sgmv where it runs (lora_dense.py)
-        self.dense_cache = DenseCache(act_dtype or dtype, cpu_ops if device.type == "cpu" else None)
+        self.dense_cache = DenseCache(dtype, cpu_ops if device.type == "cpu" else None, sgmv_dtype or dtype,
+                                      limit=max_loaded)
         self.said_layer_by_layer = False  # runner_setup.lora_batch_for logs the fallback once
         install_lora_hooks(model, ps)
         for name, path in paths.items():
@@ -178,6 +179,8 @@ class LoRAManager:
             if victim is None:
                 break  # every other adapter is pinned: can_pin() kept this from happening at admission
             del self.loaded[victim]
+            if self.dense_cache.key is not None and victim in self.dense_cache.key:
+                self.dense_cache.drop()  # its weights go with it
 
     def info(self) -> dict[str, object]:
         return {"loaded": [self.regs[u].config.name for u in self.loaded if self.regs[u].active],

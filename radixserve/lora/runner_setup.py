@@ -21,11 +21,13 @@ def make_lora_manager(runner: ModelRunner) -> LoRAManager | None:
     if not args.enable_lora:
         return None
     cpu_ops = load_cpu_ops()[0] if runner.device.type == "cpu" else None  # lora_sgmv (kernels/cpu/)
-    # adapters are held in the float GEMMs' dtype (bf16 where --dtype auto picks it: the segmented prefill
-    # deltas then run bf16 GEMMs, as the float projections do); the few-row set is in the activations' dtype
+    # adapters are held in the activations' dtype (float32 on a CPU): a long step's deltas accumulate into the
+    # projection's output in place (addmm_), where bf16 products would need a cast and an add, two more passes
+    # over it (measured slower on AMX). lora_sgmv reads the few-row set in the float GEMMs' dtype (bf16 where
+    # --dtype auto picks it: half the bytes a decode step streams; the kernel widens them exactly).
     return LoRAManager(runner.model, parse_lora_paths(args.lora_paths), args.max_lora_rank,
-                       args.max_loaded_loras, runner.dtype, runner.device, runner.parallel_state, cpu_ops,
-                       act_dtype=runner.act_dtype)
+                       args.max_loaded_loras, runner.act_dtype, runner.device, runner.parallel_state, cpu_ops,
+                       sgmv_dtype=runner.dtype)
 
 
 def lora_batch_for(runner: ModelRunner, uids: list[int] | None, rows_per_req: list[int]) -> LoRABatch | None:

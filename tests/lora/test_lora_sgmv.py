@@ -56,6 +56,26 @@ def test_equals_the_masked_gemm_pair_and_is_batch_invariant(pattern: list[int]) 
         assert torch.equal(alone[0], out[i]), i
 
 
+@pytest.mark.parametrize("pattern", ROWS)
+def test_bf16_weights_compute_their_float32_copys_bits(pattern: list[int]) -> None:
+    """bf16 A / Bt (the adapters as the fast mode holds them) widen exactly: the deltas are those of a float32
+    copy of the same weights, bit for bit, and still the same alone and batched."""
+    A, _, Bt, blocks, _ = _adapters([5, 16, 3, 9], seed=2)
+    A16, Bt16 = A.bfloat16(), Bt.bfloat16()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(len(pattern), IN, generator=g)
+    rows = torch.tensor(pattern)
+    base = torch.randn(len(pattern), Bt.shape[1], generator=g)
+    out16, out32 = base.clone(), base.clone()
+    ops.lora_sgmv(x, rows, A16, Bt16, blocks, out16)
+    ops.lora_sgmv(x, rows, A16.float(), Bt16.float(), blocks, out32)
+    assert torch.equal(out16, out32)
+    for i in range(len(pattern)):
+        alone = base[i : i + 1].clone()
+        ops.lora_sgmv(x[i : i + 1].clone(), rows[i : i + 1].clone(), A16, Bt16, blocks, alone)
+        assert torch.equal(alone[0], out16[i]), i
+
+
 def test_bad_block_tables_and_shapes_are_refused() -> None:
     A, _, Bt, blocks, _ = _adapters([4])
     x, out, rows = torch.randn(2, IN), torch.zeros(2, Bt.shape[1]), torch.tensor([0, 0])
@@ -65,3 +85,7 @@ def test_bad_block_tables_and_shapes_are_refused() -> None:
         ops.lora_sgmv(x, rows, A, Bt.t().contiguous(), blocks, out)
     with pytest.raises(RuntimeError, match="row_group"):
         ops.lora_sgmv(x, torch.tensor([0]), A, Bt, blocks, out)
+    with pytest.raises(RuntimeError, match="in A's dtype"):  # bf16 A with a float32 Bt
+        ops.lora_sgmv(x, rows, A.bfloat16(), Bt, blocks, out)
+    with pytest.raises(RuntimeError, match="A must be float32 or bfloat16"):
+        ops.lora_sgmv(x, rows, A.half(), Bt.half(), blocks, out)

@@ -143,12 +143,12 @@ class DecodeStack : public torch::CustomClassHolder {
                          &blocks = t[l * per_layer + 3 * p + 2];
         if (A.numel() == 0) continue;
         const int64_t R = A.size(0);
-        TORCH_CHECK(A.scalar_type() == at::kFloat && A.is_contiguous() && A.dim() == 2 && A.size(1) == dims[p][0] &&
-                        Bt.scalar_type() == at::kFloat && Bt.is_contiguous() && Bt.dim() == 2 &&
-                        Bt.size(0) == R && Bt.size(1) == dims[p][1] && blocks.scalar_type() == at::kLong &&
-                        blocks.dim() == 2 && blocks.size(1) == 5,
-                    "DecodeStack.set_lora: layer ", l, " projection ", p, ": A float32 [ranks, ", dims[p][0],
-                    "], Bt float32 [ranks, ", dims[p][1], "], blocks int64 [S, 5]");
+        TORCH_CHECK((A.scalar_type() == at::kFloat || A.scalar_type() == at::kBFloat16) && A.is_contiguous() &&
+                        A.dim() == 2 && A.size(1) == dims[p][0] && Bt.scalar_type() == A.scalar_type() &&
+                        Bt.is_contiguous() && Bt.dim() == 2 && Bt.size(0) == R && Bt.size(1) == dims[p][1] &&
+                        blocks.scalar_type() == at::kLong && blocks.dim() == 2 && blocks.size(1) == 5,
+                    "DecodeStack.set_lora: layer ", l, " projection ", p, ": A float32 or bfloat16 [ranks, ",
+                    dims[p][0], "], Bt in A's dtype [ranks, ", dims[p][1], "], blocks int64 [S, 5]");
         lora[l][p] = LoraProj{A, Bt, blocks.contiguous()};
       }
     }
