@@ -6,7 +6,9 @@
 #   bash scripts/bench_gguf_presets.sh LLAMA_BIN_DIR [OUT_DIR] [PRESETS]
 # LLAMA_BIN_DIR holds llama-quantize, llama-bench and llama-server (shared/peers/build_llamacpp.sh). Quiet
 # machine only; ~3 min a preset on 2 cores. PARTS=check runs only the noise-proof parts (quantize, the oracle,
-# the drift), PARTS=speed only the timing (which alone needs a quiet machine); default both.
+# the drift), PARTS=speed only the timing (which alone needs a quiet machine); default both. DTYPE=float32 runs
+# radixserve's float GEMMs in float32 (with RADIXSERVE_CPU_ISA=avx2 and an AVX2-only llama.cpp build, the
+# AVX2 path of an AVX-512 machine).
 set -u
 cd "$(dirname "$0")/.."
 source "${VENV:-.venv}/bin/activate"
@@ -46,6 +48,7 @@ PY
   [ "${PARTS:-all}" = check ] && continue
   log "$P: speed against llama-bench"
   radixserve bench peer --llama-bench "$BIN/llama-bench" --model-path "$G" --threads 2 --formats auto --repeats 3 \
+    --dtype "${DTYPE:-auto}" \
     --json "$O/peer-$P.json" > "$O/peer-$P.txt" 2>&1
 done
 log "done"

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="ServerArgs.kv_cache_dtype of radixserve's runs")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="ServerArgs.dtype of radixserve's runs other than exact (float32 on a bf16 CPU runs the "
+                        "path a CPU without bf16 runs; with RADIXSERVE_CPU_ISA=avx2, an AVX2 machine's)")
     p.add_argument("--json", default=None)
     return p
 
@@ -71,15 +74,23 @@ def llama_bench(binary: str, gguf: str, threads: int, prompt_len: int, gen_len: 
     return out
 
 
-def radixserve_figures(fmt: str, args: argparse.Namespace) -> dict[str, float]:
+def one_batch_args(fmt: str, args: argparse.Namespace) -> argparse.Namespace:
+    """bench one-batch's arguments for radixserve's run of format `fmt`."""
     ns = one_batch.build_parser().parse_args([])
     ns.model_path, ns.threads = args.model_path, args.threads
     ns.quantization, ns.dtype = FORMATS[fmt]
+    if fmt != "exact":
+        ns.dtype = args.dtype
     ns.kv_cache_dtype = args.kv_cache_dtype
     ns.prefill_lens, ns.batch_sizes = [args.prompt_len], [1]
     ns.context_lens = [args.context_len, *_contexts(args)]
     ns.repeats, ns.warmup = args.repeats, 2
     ns.roofline_rows, ns.roofline_min_time = [1, 512], 0.1
+    return ns
+
+
+def radixserve_figures(fmt: str, args: argparse.Namespace) -> dict[str, float]:
+    ns = one_batch_args(fmt, args)
     runner = one_batch.make_runner(ns)
     res = one_batch.run(runner, ns)
     pf = res["prefill"][0]

@@ -35,6 +35,19 @@ def test_llama_server_peers_refuse_a_missing_binary(tmp_path) -> None:
         accuracy.main(["--llama-server", str(tmp_path), "--num-prompts", "1"])
 
 
+def test_peer_dtype_reaches_every_run_but_the_exact_one() -> None:
+    args = peer.build_parser().parse_args(["--llama-bench", "x", "--dtype", "float32"])
+    assert peer.one_batch_args("auto", args).dtype == "float32"
+    assert peer.one_batch_args("int8", args).dtype == "float32"
+    assert peer.one_batch_args("exact", args).dtype == "float32"
+    assert peer.one_batch_args("auto", peer.build_parser().parse_args(["--llama-bench", "x"])).dtype == "auto"
+    args = peer.build_parser().parse_args(["--llama-bench", "x", "--dtype", "bfloat16"])
+    assert peer.one_batch_args("exact", args).dtype == "float32"  # the exact mode is float32 whatever --dtype says
+    assert peer.one_batch_args("none", args).dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        peer.build_parser().parse_args(["--llama-bench", "x", "--dtype", "fp8"])
+
+
 def test_peer_parses_llama_bench_json(tmp_path) -> None:
     fake = tmp_path / "llama-bench"
     fake.write_text('#!/bin/sh\necho \'[{"n_prompt": 512, "n_gen": 0, "avg_ts": 200.5, "build_commit": "abc"},'
