@@ -121,7 +121,7 @@ class RotaryEmbedding(CpuKernelLayer):
         # cannot be freed, so its id cannot be reused by another positions tensor of the same step.
         key = (id(self), id(positions))
         hit = step_rows.get(key) if step_rows is not None else None
-        if hit is not None and hit[0] is positions:
+        if hit is not None:
             return hit[1], hit[2]
         cos, sin = self.cos_cache[positions].unsqueeze(1), self.sin_cache[positions].unsqueeze(1)
         if step_rows is not None:

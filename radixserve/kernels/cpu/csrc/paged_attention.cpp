@@ -323,7 +323,6 @@ inline float softmax_row(float* s, int64_t n, float softcap, float* max_out = nu
   return 1.f / sum;
 }
 
-
 // The last query row (exclusive, capped at i1) of a block at positions pos0 + i that sees key t: a
 // window hides key t from positions >= t + window.
 inline int64_t rows_seeing_end(int64_t t, int64_t pos0, int64_t window, int64_t i1) {
