@@ -192,7 +192,7 @@ def active_bytes(path: str) -> tuple[int, dict[str, int]]:
 
 def measure(path: str, a: argparse.Namespace) -> dict[str, Any]:
     ns = argparse.Namespace(model_path=path, threads=a.threads, prompt_len=a.prompt_len, context_len=128,
-                            repeats=a.repeats, kv_cache_dtype="auto", long_contexts="")
+                            repeats=a.repeats, kv_cache_dtype="auto", dtype="auto", long_contexts="")
     out: dict[str, Any] = {"radixserve": peer.radixserve_figures("auto", ns)}
     if a.llama_bench:
         out["llama.cpp"] = peer.llama_bench(a.llama_bench, path, a.threads, a.prompt_len, a.gen_len)
