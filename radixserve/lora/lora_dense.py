@@ -114,6 +114,7 @@ class DenseCache:
         self.dtype = kernel_dtype if ops is not None else dtype  # dtype: the activations'
         self.limit = limit
         self._adapters: list[LoRAAdapter] = []
+        self.index: dict[int, int] = {}  # uid -> its group in the layout
 
     def get(self, adapters: list[LoRAAdapter]) -> tuple[dict[str, DenseWeights], dict[int, int]]:
         """The layout holding `adapters`, and each one's group (uid -> index in the layout)."""
@@ -126,8 +127,14 @@ class DenseCache:
             layout = self._adapters + new if len(held) + len(new) <= self.limit else adapters
         if tuple(a.uid for a in layout) != self.key:
             self.key, self._adapters = tuple(a.uid for a in layout), list(layout)
+            self.index = {uid: g for g, uid in enumerate(self.key)}
             self.weights = concat_adapters(layout, self.dtype, transposed=self.ops is not None)
-        return self.weights, {uid: g for g, uid in enumerate(self.key)}
+        return self.weights, self.index
+
+    def forget(self, uid: int) -> None:
+        """Adapter `uid` leaves memory (unloaded, or dropped by the LRU): a layout holding it goes too."""
+        if self.key is not None and uid in self.key:
+            self.drop()
 
     def drop(self) -> None:
-        self.key, self.weights, self._adapters = None, {}, []
+        self.key, self.weights, self._adapters, self.index = None, {}, [], {}

@@ -129,8 +129,7 @@ class LoRAManager:
         if not reg.active and reg.refs == 0:
             del self.regs[reg.uid]
             self.loaded.pop(reg.uid, None)
-            if self.dense_cache.key is not None and reg.uid in self.dense_cache.key:
-                self.dense_cache.drop()  # its weights go now
+            self.dense_cache.forget(reg.uid)  # its weights go now
 
     # ------------------------------------------------------------------ requests
     def acquire(self, name: str) -> int:
@@ -179,8 +178,7 @@ class LoRAManager:
             if victim is None:
                 break  # every other adapter is pinned: can_pin() kept this from happening at admission
             del self.loaded[victim]
-            if self.dense_cache.key is not None and victim in self.dense_cache.key:
-                self.dense_cache.drop()  # its weights go with it
+            self.dense_cache.forget(victim)  # its weights go with it
 
     def info(self) -> dict[str, object]:
         return {"loaded": [self.regs[u].config.name for u in self.loaded if self.regs[u].active],

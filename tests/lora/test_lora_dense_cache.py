@@ -69,6 +69,11 @@ def test_the_kernel_layout_grows_and_a_subset_reuses_it(dtype: torch.dtype) -> N
     assert cache.weights is w123
     step([a[3], a[0]])  # past the limit of 3: the step's own set only
     assert cache.key == (1, 4)
+    cache.forget(2)  # not held: the layout stays
+    assert cache.key == (1, 4)
+    cache.forget(4)  # held: the layout goes with it
+    assert cache.key is None and cache.weights == {}
+    step([a[0]])
     cache.drop()
     assert cache.key is None and cache.weights == {}
 
