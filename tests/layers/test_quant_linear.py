@@ -130,20 +130,25 @@ def test_bad_shapes_are_refused_naming_the_layer() -> None:
                        QuantRows.quantize(torch.randn(8, 32), QKIND_Q4_1)])
 
 
+def rows_of_kind(kind: int, n: int, k: int, seed: int) -> QuantRows:
+    """Random n x k weights held in kernel kind `kind`: quantised floats, or valid random blocks of a GGUF
+    type that maps to it (Q8_M, Q8_16: no type maps to these now, so Q5_1's / Q6_K's rows promoted)."""
+    if kind in (QKIND_Q8_0, QKIND_Q4_1):
+        return QuantRows.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)), kind)
+    if kind in (QKIND_Q8_M, QKIND_Q8_16):
+        src = "Q5_1" if kind == QKIND_Q8_M else "Q6_K"
+        return FORMATS[src].rows(random_blocks(src, n, k // FORMATS[src].block_size, seed)).promote(kind)
+    src = next(t for t in sorted(EXACT_TYPES) if FORMATS[t].kind == kind)
+    return FORMATS[src].rows(random_blocks(src, n, k // FORMATS[src].block_size, seed))
+
+
 @needs_kernels
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_rows_result_does_not_depend_on_the_other_rows(kind) -> None:
     """Rows go 4 at a time against each weight block, each with its own accumulators: a row's output is
     bit for bit the same alone, in a tile remainder, or in a batch of 70 (batch invariance of `auto`)."""
     g = torch.Generator().manual_seed(kind)
-    if kind in (QKIND_Q8_0, QKIND_Q4_1):
-        qw = QuantWeight.quantize(torch.randn(100, 256, generator=g), kind)
-    elif kind in (QKIND_Q8_M, QKIND_Q8_16):  # no GGUF type maps to these now: Q5_1's / Q6_K's rows promoted
-        src = "Q5_1" if kind == QKIND_Q8_M else "Q6_K"
-        blocks = 256 // FORMATS[src].block_size
-        qw = QuantWeight.from_rows(FORMATS[src].rows(random_blocks(src, 100, blocks, kind)).promote(kind))
-    else:
-        qw = gguf_weight(next(t for t in sorted(EXACT_TYPES) if FORMATS[t].kind == kind), 100, 256, kind)
+    qw = QuantWeight.from_rows(rows_of_kind(kind, 100, 256, kind))
     x = torch.randn(70, 256, generator=g)
     full = torch.empty(70, 100)
     ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, full)
@@ -151,6 +156,46 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kind) -> None:
         part = torch.empty(hi - lo, 100)
         ops.quant_linear(x[lo:hi].contiguous(), qw.kind, qw.n, qw.data, qw.d, qw.m, None, part)
         assert torch.equal(part, full[lo:hi]), (lo, hi)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("factored", [False, True])
+def test_a_groups_result_does_not_depend_on_its_neighbours(kind, factored) -> None:
+    """The avx512vnni build runs two 8-row groups in one zmm register, and which groups pair depends on the
+    threads' split and on where a matrix ends: each group's outputs are the same bits paired (groups 0-1 of
+    24 rows), alone (the last of 24, or an 8-row matrix), or paired the other way (rows 8-24), at every
+    tile size of activation rows, on one thread or two."""
+    if factored and kind not in (QKIND_Q4_1, QKIND_Q6):
+        pytest.skip("only Q4_K's (Q4_1) and Q6_K's (Q6) scales are factored")
+    k = 512
+    if factored:
+        src = "Q4_K" if kind == QKIND_Q4_1 else "Q6_K"
+        rows = FORMATS[src].rows(random_blocks(src, 24, k // 256, kind))
+        assert rows.factors is not None
+    else:
+        rows = dataclasses.replace(rows_of_kind(kind, 24, k, kind), factors=None)
+    threads = torch.get_num_threads()
+    try:
+        for m in (1, 2, 5, 8, 13):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+
+            def run(start: int, length: int) -> torch.Tensor:
+                qw = QuantWeight.from_rows(rows.narrow(0, start, length))
+                assert qw.factored == factored
+                out = torch.empty(m, length)
+                ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out)
+                return out
+
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                full = run(0, 24)
+                assert torch.equal(run(8, 16), full[:, 8:]), (m, t)
+                for g in range(3):
+                    assert torch.equal(run(8 * g, 8), full[:, 8 * g : 8 * g + 8]), (m, t, g)
+                assert torch.equal(run(0, 13), full[:, :13]), (m, t)  # a partial second group
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q5_K"])

@@ -83,12 +83,14 @@ inline __m256 scales8(const void* base, int64_t nb, int64_t g, int64_t b, int sg
 template <int R>
 struct TileRows {
   const int8_t* q[R];
+  const uint8_t* qu[R];  // q + 128 (RS_VNNI builds only; see Q8ActRows)
   const float* d[R];
   const float* s[R];
   TileRows(const Q8ActRows& a, int64_t r0, int64_t K, const std::vector<float>* sums, int per_block) {
     const int64_t nb = K / kQBlock;
     for (int r = 0; r < R; ++r) {
       q[r] = a.q.data() + (r0 + r) * K;
+      qu[r] = a.qu.empty() ? nullptr : a.qu.data() + (r0 + r) * K;
       d[r] = a.d.data() + (r0 + r) * nb;
       s[r] = sums ? sums->data() + (r0 + r) * nb * per_block : nullptr;
     }
@@ -265,6 +267,181 @@ inline void tile_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   for (int r = 0; r < R; ++r) out8[r] = acc[r];
 }
 
+#ifdef RS_VNNI
+// Two 8-row groups side by side in the 16 lanes of one zmm register (lanes 0-7 group g, 8-15 group g + 1).
+// A 512-row prefill's GEMMs were bound by instruction issue, not by the dot products: per block of 8 rows x
+// 32 x 8 activation rows the ymm kernel issues ~280 instructions for 64 vpdpbusd. Paired, each activation
+// broadcast, dot-product instruction and float step serves 16 output rows, about half the instructions a
+// product. Every lane computes the integer sums the ymm path computes and the same float steps in the same
+// order, so a group's outputs are the same bits paired or alone (which groups pair depends on the thread split).
+inline __m512i load_pair(const void* a, const void* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(static_cast<const __m256i*>(b)), 1);
+}
+
+template <int S, bool kF>
+inline __m512 scales16(const void* base, int64_t nb, int64_t g, int64_t b, int sg) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(scales8<S, kF>(base, nb, g, b, sg)),
+                            scales8<S, kF>(base, nb, g + 1, b, sg), 1);
+}
+
+// scale_group on 16 lanes
+template <int R>
+inline void scale_group2(__m512 d16, const __m512i* s32, const float* const* xd, int64_t b, __m512* acc) {
+  for (int r = 0; r < R; ++r)
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r]), _mm512_mul_ps(d16, _mm512_set1_ps(xd[r][b])), acc[r]);
+}
+
+// Signed weight quarters wq[0 .. kT) (8-bit kinds, Q6) against the R rows: vpdpbusd multiplies unsigned x
+// signed, and the ymm path's sign trick (|w| x sign(w) x) costs an instruction per row and quarter. Here the
+// activations are the unsigned side, as q + 128 (Q8ActRows::qu), and each row's sum starts at -128 sum(w),
+// which is shared by the rows: sum (q + 128) w - 128 sum w = sum q w, the same int32 (|sum| < 2^21).
+template <int R, int kT>
+inline void signed_quarters2(const __m512i* wq, const uint8_t* const* xu, int64_t off, __m512i* s32) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i ws = _mm512_setzero_si512();
+  for (int t = 0; t < kT; ++t) ws = _mm512_dpbusd_epi32(ws, ones, wq[t]);
+  const __m512i s0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws, 7));
+  for (int r = 0; r < R; ++r) s32[r] = s0;
+  for (int t = 0; t < kT; ++t)
+    for (int r = 0; r < R; ++r)
+      s32[r] = _mm512_dpbusd_epi32(s32[r], _mm512_set1_epi32(load_i32(xu[r] + off + 4 * t)), wq[t]);
+}
+
+// tile_dot_q8 on a pair of groups
+template <int R, int S, bool kMin, bool kF>
+inline void tile2_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
+  constexpr int kT = 8 / S;
+  const int64_t nb = w.K / kQBlock, K = w.K;
+  const int8_t* wg0 = static_cast<const int8_t*>(w.data) + g * nb * 256;
+  const int8_t* wg1 = wg0 + nb * 256;
+  const TileRows<R> x(a, r0, K, kMin ? (S == 1 ? &a.s : &a.s16) : nullptr, S);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t *wb0 = wg0 + b * 256, *wb1 = wg1 + b * 256;
+    if (R <= 2) prefetch_block<256>(wb0), prefetch_block<256>(wb1);
+    for (int sg = 0; sg < S; ++sg) {
+      __m512i wq[kT], s32[R];
+      for (int t = 0; t < kT; ++t) wq[t] = load_pair(wb0 + (sg * kT + t) * 32, wb1 + (sg * kT + t) * 32);
+      signed_quarters2<R, kT>(wq, x.qu, b * kQBlock + 4 * sg * kT, s32);
+      scale_group2<R>(scales16<S, kF>(w.d, nb, g, b, sg), s32, x.d, b, acc);
+    }
+    if (kMin) {
+      for (int sg = 0; sg < S; ++sg) {
+        const __m512 m16 = scales16<S, kF>(w.m, nb, g, b, sg);
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(x.s[r][b * S + sg]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out16[r] = acc[r];
+}
+
+// tile_dot_q4 on a pair of groups
+template <int R, bool kQ5, bool kF>
+inline void tile2_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
+  constexpr int64_t kBytes = kQ5 ? 160 : 128;
+  const int64_t nb = w.K / kQBlock, K = w.K;
+  const TileRows<R> x(a, r0, K, &a.s, 1);
+  const uint8_t* wg0 = static_cast<const uint8_t*>(w.data) + g * nb * kBytes;
+  const uint8_t* wg1 = wg0 + nb * kBytes;
+  const __m512i mask = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *wb0 = wg0 + b * kBytes, *wb1 = wg1 + b * kBytes;
+    if (R <= 2) prefetch_block<kBytes>(wb0), prefetch_block<kBytes>(wb1);
+    const __m512i hb = kQ5 ? load_pair(wb0 + 128, wb1 + 128) : _mm512_setzero_si512();
+    __m512i p[R];
+    for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_si512();
+    for (int t = 0; t < 4; ++t) {
+      const __m512i v = load_pair(wb0 + t * 32, wb1 + t * 32);
+      __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      if (kQ5) {  // as tile_dot_q4
+        const __m512i h = _mm512_srli_epi16(hb, 2 * t);
+        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
+        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xb = x.q[r] + b * kQBlock + 8 * t;
+        p[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p[r], lo, _mm512_set1_epi32(load_i32(xb))), hi,
+                                   _mm512_set1_epi32(load_i32(xb + 4)));
+      }
+    }
+    const __m512 d16 = scales16<1, kF>(w.d, nb, g, b, 0), m16 = scales16<1, kF>(w.m, nb, g, b, 0);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(d16, _mm512_set1_ps(x.d[r][b])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(x.s[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out16[r] = acc[r];
+}
+
+// tile_dot_q6 on a pair of groups: the same unpacking to signed quarters, then signed_quarters2
+template <int R, bool kF>
+inline void tile2_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
+  const int64_t nb = w.K / kQBlock, K = w.K;
+  const uint8_t* wg0 = static_cast<const uint8_t*>(w.data) + g * nb * 192;
+  const uint8_t* wg1 = wg0 + nb * 192;
+  const __m512i mask = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30), off = _mm512_set1_epi8(32);
+  const TileRows<R> x(a, r0, K, nullptr, 0);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *wb0 = wg0 + b * 192, *wb1 = wg1 + b * 192;
+    if (R <= 2) prefetch_block<192>(wb0), prefetch_block<192>(wb1);
+    for (int sg = 0; sg < 2; ++sg) {
+      const __m512i hp = load_pair(wb0 + 128 + 32 * sg, wb1 + 128 + 32 * sg);
+      __m512i wq[4], s32[R];
+      for (int u = 0; u < 2; ++u) {  // nibble quarter t = 2 sg + u: the 8-bit layout's quarters 2t, 2t + 1
+        const int t = 2 * sg + u;
+        const __m512i v = load_pair(wb0 + t * 32, wb1 + t * 32);
+        const __m512i h = _mm512_srli_epi16(hp, 4 * u);
+        wq[2 * u] = _mm512_sub_epi8(
+            _mm512_or_si512(_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_slli_epi16(h, 4), top)), off);
+        wq[2 * u + 1] = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
+                                                        _mm512_and_si512(_mm512_slli_epi16(h, 2), top)),
+                                        off);
+      }
+      signed_quarters2<R, 4>(wq, x.qu, b * kQBlock + 16 * sg, s32);
+      scale_group2<R>(scales16<2, kF>(w.d, nb, g, b, sg), s32, x.d, b, acc);
+    }
+  }
+  for (int r = 0; r < R; ++r) out16[r] = acc[r];
+}
+
+template <int R, bool kF>
+inline void tile2_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
+  switch (w.kind) {
+    case QKind::Q8_0: tile2_dot_q8<R, 1, false, kF>(w, g, a, r0, out16); break;
+    case QKind::Q4_1: tile2_dot_q4<R, false, kF>(w, g, a, r0, out16); break;
+    case QKind::Q8_M: tile2_dot_q8<R, 1, true, kF>(w, g, a, r0, out16); break;
+    case QKind::Q8_16: tile2_dot_q8<R, 2, false, kF>(w, g, a, r0, out16); break;
+    case QKind::Q8_M16: tile2_dot_q8<R, 2, true, kF>(w, g, a, r0, out16); break;
+    case QKind::Q5: tile2_dot_q4<R, true, kF>(w, g, a, r0, out16); break;
+    case QKind::Q6: tile2_dot_q6<R, kF>(w, g, a, r0, out16); break;
+  }
+}
+
+// Groups g and g + 1 (g + 1 may be the last, partial group) for R activation rows from r0.
+template <int R>
+inline void tile2_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, const float* bias, float* out,
+                        int64_t ldo) {
+  __m512 acc[R];
+  if (w.factored)
+    tile2_dot_kind<R, true>(w, g, a, r0, acc);
+  else
+    tile2_dot_kind<R, false>(w, g, a, r0, acc);
+  const int64_t n0 = g * kQRows, rows = std::min(2 * kQRows, w.N - n0);
+  const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
+  const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(keep, bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    const __m512 v = bias != nullptr ? _mm512_add_ps(acc[r], bv) : acc[r];
+    _mm512_mask_storeu_ps(out + (r0 + r) * ldo + n0, keep, v);
+  }
+}
+#endif
+
 template <int R, bool kF>
 inline void tile_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   switch (w.kind) {
@@ -372,25 +549,53 @@ void row_dot_generic(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, fl
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+template <bool kPair, int R>
+inline void store_tile(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r, const float* bias, float* out,
+                       int64_t ldo) {
+#ifdef RS_VNNI
+  if constexpr (kPair) {
+    tile2_store<R>(w, g, a, r, bias, out, ldo);
+    return;
+  }
+#endif
+  tile_store<R>(w, g, a, r, bias, out, ldo);
+}
+
+// Rows r0 .. r1 of group g (kPair: groups g, g + 1), in tiles of kTileRows rows and one tile of the rest.
+template <bool kPair>
+void group_rows(const QMat& w, int64_t g, const Q8ActRows& a, const float* bias, float* out, int64_t ldo,
+                int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + kTileRows <= r1; r += kTileRows) store_tile<kPair, kTileRows>(w, g, a, r, bias, out, ldo);
+  switch (r1 - r) {
+#ifdef RS_VNNI
+    case 7: store_tile<kPair, 7>(w, g, a, r, bias, out, ldo); break;
+    case 6: store_tile<kPair, 6>(w, g, a, r, bias, out, ldo); break;
+    case 5: store_tile<kPair, 5>(w, g, a, r, bias, out, ldo); break;
+    case 4: store_tile<kPair, 4>(w, g, a, r, bias, out, ldo); break;
+#endif
+    case 3: store_tile<kPair, 3>(w, g, a, r, bias, out, ldo); break;
+    case 2: store_tile<kPair, 2>(w, g, a, r, bias, out, ldo); break;
+    case 1: store_tile<kPair, 1>(w, g, a, r, bias, out, ldo); break;
+    default: break;
+  }
+}
+#endif
+
 // Rows r0 .. r1 of the output for weight groups g0 .. g1.
 void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo, int64_t g0,
                  int64_t g1, int64_t r0, int64_t r1) {
   for (int64_t g = g0; g < g1; ++g) {
 #if defined(__AVX2__) && defined(__FMA__)
-    int64_t r = r0;
-    for (; r + kTileRows <= r1; r += kTileRows) tile_store<kTileRows>(w, g, a, r, bias, out, ldo);
-    switch (r1 - r) {
 #ifdef RS_VNNI
-      case 7: tile_store<7>(w, g, a, r, bias, out, ldo); break;
-      case 6: tile_store<6>(w, g, a, r, bias, out, ldo); break;
-      case 5: tile_store<5>(w, g, a, r, bias, out, ldo); break;
-      case 4: tile_store<4>(w, g, a, r, bias, out, ldo); break;
-#endif
-      case 3: tile_store<3>(w, g, a, r, bias, out, ldo); break;
-      case 2: tile_store<2>(w, g, a, r, bias, out, ldo); break;
-      case 1: tile_store<1>(w, g, a, r, bias, out, ldo); break;
-      default: break;
+    if (g + 1 < g1) {
+      group_rows<true>(w, g, a, bias, out, ldo, r0, r1);
+      ++g;
+      continue;
     }
+#endif
+    group_rows<false>(w, g, a, bias, out, ldo, r0, r1);
 #else
     const int64_t n0 = g * kQRows, rows = std::min(kQRows, w.N - n0);
     float tmp[kQRows];
@@ -457,6 +662,9 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
   a.d.resize(static_cast<size_t>(M * nb));
   a.s.resize(static_cast<size_t>(M * nb));
   a.s16.resize(static_cast<size_t>(M * nb * 2));
+#ifdef RS_VNNI
+  a.qu.resize(static_cast<size_t>(M * K));
+#endif
   // Rows are independent: a prefill's hundreds of rows split across the threads (a decode step's few
   // rows stay on one; the grain keeps each task at least ~16k elements).
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t ra, int64_t rb) {
@@ -476,6 +684,10 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
         dst[j] = static_cast<int8_t>(q);
         half[j / 16] += q;
       }
+#ifdef RS_VNNI
+      uint8_t* du = a.qu.data() + r * K + b * kQBlock;
+      for (int64_t j = 0; j < kQBlock; ++j) du[j] = static_cast<uint8_t>(dst[j] ^ 0x80);  // q + 128
+#endif
       a.d[r * nb + b] = d;
       a.s[r * nb + b] = d * static_cast<float>(half[0] + half[1]);
       a.s16[(r * nb + b) * 2] = d * static_cast<float>(half[0]);

@@ -83,6 +83,9 @@ QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& dat
 
 struct Q8ActRows {
   std::vector<int8_t> q;
+  // q + 128 as unsigned bytes, filled by the avx512vnni build only: there vpdpbusd's unsigned side is the
+  // activations for the kinds with signed weights (quant_linear.cpp: signed_quarters2)
+  std::vector<uint8_t> qu;
   std::vector<float> d, s, s16;  // s16: [M, nb * 2]
   int64_t M = 0, K = 0;
 };
