@@ -32,120 +32,152 @@
 namespace radixserve {
 namespace {
 
-// Eight-lane vectors written out (GCC vector extensions, unaligned loads, a zero-padded tail), so the
+// Sixteen-lane vectors written out (GCC vector extensions, unaligned loads, a zero-padded tail), so the
 // summation order is fixed by this code: with -ffast-math the compiler would otherwise vectorise a plain
 // loop with a peel that depends on the pointers' alignment, and the same row would round differently
-// alone and batched.
+// alone and batched. A v16f is one zmm register on the AVX-512 variants and two ymm on AVX2, with the same
+// lanes either way: every ISA variant computes the same bits (lane l of a dot product's accumulator sums
+// elements j + l, and each output of an axpy sums its ranks in order).
+typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
-typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
 
-constexpr int kTile = 4;  // rows of one adapter per weight load: 2 x kTile accumulators stay in registers
+constexpr int kTile = 4;  // rows of one adapter per weight load
+// outputs a row keeps in registers in add_ranks: two v16f a row on AVX-512 (8 zmm accumulators for a 4-row tile:
+// enough independent FMA chains to cover the latency), one on AVX2, whose 16 ymm registers hold 4 rows x 2 halves
+// and rank columns of A per work item in dots: 4 on AVX-512 (16 zmm accumulators for a 4-row tile, each x load
+// serving 4 columns: the loop was bound by loads with one), 2 on AVX2 (8 accumulators of two ymm each)
+#if defined(__AVX512F__)
+constexpr int kOutVecs = 2;
+constexpr int kCols = 4;
+#else
+constexpr int kOutVecs = 1;
+constexpr int kCols = 2;
+#endif
 
-inline v8f vload(const float* p) {
-  v8f v;
+inline v16f vload(const float* p) {
+  v16f v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline v8f vload(const bf16_t* p) {  // exact: a bf16 is the upper half of its float32
-#if defined(__AVX2__) && defined(__FMA__)
-  return (v8f)load8(p);  // bf16.h: one zero-extension and one shift (GCC splits the generic form into six ops)
+inline v16f vload(const bf16_t* p) {  // exact: a bf16 is the upper half of its float32
+#if defined(__AVX512F__)
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return (v16f)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 lo = load8(p), hi = load8(p + 8);  // bf16.h: one zero-extension and one shift per half
+  v16f v;
+  std::memcpy(&v, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(lo), &hi, sizeof(hi));
+  return v;
 #else
-  v8h h;
+  v16h h;
   std::memcpy(&h, p, sizeof(h));
-  const v8u u = __builtin_convertvector(h, v8u) << 16;
-  v8f v;
+  const v16u u = __builtin_convertvector(h, v16u) << 16;
+  v16f v;
   std::memcpy(&v, &u, sizeof(v));
   return v;
 #endif
 }
 
-inline void vstore(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline void vstore(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
 
-inline v8f splat(float a) { return v8f{a, a, a, a, a, a, a, a}; }
+inline v16f splat(float a) { return v16f{a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
 
-// res[r] = a . xs[r] for N rows, each sum in one fixed order (two interleaved 8-lane accumulators, a
-// zero-padded tail, the same pairwise reduction) that does not depend on N
-template <typename W, int N>
-inline void dots(const W* a, const float* const* xs, int64_t n, float* res) {
-  v8f acc0[N], acc1[N];
-  for (int r = 0; r < N; ++r) acc0[r] = acc1[r] = splat(0.f);
+// res[q * N + r] = a + q * in . xs[r] for C rank columns (rows of A) and N rows, each sum in one fixed order (a
+// 16-lane accumulator, a zero-padded tail, the same pairwise reduction) that depends on neither C nor N: each x
+// load serves C columns and each A load N rows (C x N accumulators in registers)
+template <typename W, int C, int N>
+inline void dots(const W* a, int64_t in, const float* const* xs, float* res) {
+  v16f acc[C][N];
+  for (int q = 0; q < C; ++q)
+    for (int r = 0; r < N; ++r) acc[q][r] = splat(0.f);
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const v8f a0 = vload(a + j), a1 = vload(a + j + 8);
+  for (; j + 16 <= in; j += 16) {
+    v16f av[C];
+    for (int q = 0; q < C; ++q) av[q] = vload(a + q * in + j);
     for (int r = 0; r < N; ++r) {
-      acc0[r] += a0 * vload(xs[r] + j);
-      acc1[r] += a1 * vload(xs[r] + j + 8);
+      const v16f xv = vload(xs[r] + j);
+      for (int q = 0; q < C; ++q) acc[q][r] += av[q] * xv;
     }
   }
-  if (j + 8 <= n) {
-    const v8f a0 = vload(a + j);
-    for (int r = 0; r < N; ++r) acc0[r] += a0 * vload(xs[r] + j);
-    j += 8;
-  }
-  if (j < n) {
-    float ta[8] = {0.f};
-    for (int64_t k = j; k < n; ++k) ta[k - j] = to_f32(a[k]);
-    const v8f av = vload(ta);
-    for (int r = 0; r < N; ++r) {
-      float tb[8] = {0.f};
-      std::memcpy(tb, xs[r] + j, sizeof(float) * (n - j));
-      acc1[r] += av * vload(tb);
+  if (j < in) {  // the last < 16 elements, zero-padded; fewer than 8 go to the upper lanes (the lanes of the
+                 // ymm code before this one, whose bits these are)
+    const int64_t off = in - j >= 8 ? 0 : 8;
+    for (int q = 0; q < C; ++q) {
+      float ta[16] = {0.f};
+      for (int64_t k = j; k < in; ++k) ta[off + k - j] = to_f32(a[q * in + k]);
+      const v16f av = vload(ta);
+      for (int r = 0; r < N; ++r) {
+        float tb[16] = {0.f};
+        std::memcpy(tb + off, xs[r] + j, sizeof(float) * (in - j));
+        acc[q][r] += av * vload(tb);
+      }
     }
   }
-  for (int r = 0; r < N; ++r) {
-    const v8f s = acc0[r] + acc1[r];
-    res[r] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  }
+  for (int q = 0; q < C; ++q)
+    for (int r = 0; r < N; ++r) {  // the halves added as one 8-lane vector, then pairwise: written as vector
+                                    // ops, since scalar lane sums let -ffast-math re-associate them per C and N
+      v8f lo, hi;
+      std::memcpy(&lo, &acc[q][r], sizeof(lo));
+      std::memcpy(&hi, reinterpret_cast<const char*>(&acc[q][r]) + sizeof(lo), sizeof(hi));
+      const v8f s = lo + hi;
+      res[q * N + r] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
 }
 
-// ys[r][o] += sum over k in [0, cn) of tt[k * N + r] * bt[(c0 + k) * ld + o], for o in [lo, hi), k in order, for
-// N rows: 16 outputs of each row held in registers across the ranks, each Bt chunk loaded once for the N rows.
+// ys[r][o0 .. o0 + 16V) += sum over k in [0, cn) of tt[k * N + r] * bt[(c0 + k) * ld + o], k in order, for N rows:
+// V vectors of 16 outputs of each row held in registers across the ranks, each Bt chunk loaded once for the N rows.
 // tt holds the tile's ranks interleaved (rank-major), so the inner loop walks two pointers (with the rows' own
 // rank pointers GCC kept its counters on the stack); rank by rank over whole Bt rows, with the outputs loaded and
 // stored per rank, measured 1.5-3x slower.
+template <typename W, int N, int V>
+inline void add_block(float* const* ys, const W* bt, int64_t ld, const float* tt, int64_t c0, int64_t cn, int64_t o) {
+  v16f y[N][V];
+  for (int r = 0; r < N; ++r)
+    for (int v = 0; v < V; ++v) y[r][v] = vload(ys[r] + o + 16 * v);
+  const W* row = bt + c0 * ld + o;
+  const float* tp = tt;
+  for (int64_t k = 0; k < cn; ++k, row += ld, tp += N) {
+    v16f b[V];
+    for (int v = 0; v < V; ++v) b[v] = vload(row + 16 * v);
+    for (int r = 0; r < N; ++r) {
+      const v16f av = splat(tp[r]);
+      for (int v = 0; v < V; ++v) y[r][v] += av * b[v];
+    }
+  }
+  for (int r = 0; r < N; ++r)
+    for (int v = 0; v < V; ++v) vstore(ys[r] + o + 16 * v, y[r][v]);
+}
+
+// the outputs [lo, hi) of N rows: blocks of 16 kOutVecs outputs, then of 16, then the last < 16 outputs by the same
+// steps on zero-padded copies (a scalar loop would be vectorised by the compiler in an order of its own, one per
+// weight type). Each output's sum is the same whatever block it falls in.
 template <typename W, int N>
 inline void add_ranks(float* const* ys, const W* bt, int64_t ld, const float* tt, int64_t c0, int64_t cn,
                       int64_t lo, int64_t hi) {
   int64_t o = lo;
-  for (; o + 16 <= hi; o += 16) {
-    v8f y0[N], y1[N];
-    for (int r = 0; r < N; ++r) y0[r] = vload(ys[r] + o), y1[r] = vload(ys[r] + o + 8);
-    const W* row = bt + c0 * ld + o;
-    const float* tp = tt;
-    for (int64_t k = 0; k < cn; ++k, row += ld, tp += N) {
-      const v8f b0 = vload(row), b1 = vload(row + 8);
-      for (int r = 0; r < N; ++r) {
-        const v8f av = splat(tp[r]);
-        y0[r] += av * b0;
-        y1[r] += av * b1;
-      }
-    }
-    for (int r = 0; r < N; ++r) vstore(ys[r] + o, y0[r]), vstore(ys[r] + o + 8, y1[r]);
-  }
-  if (o < hi) {  // the last < 16 outputs: the same steps on zero-padded copies (a scalar loop would be
-                 // vectorised by the compiler in an order of its own, one per weight type)
+  for (; o + 16 * kOutVecs <= hi; o += 16 * kOutVecs) add_block<W, N, kOutVecs>(ys, bt, ld, tt, c0, cn, o);
+  for (; o + 16 <= hi; o += 16) add_block<W, N, 1>(ys, bt, ld, tt, c0, cn, o);
+  if (o < hi) {
     const int64_t w = hi - o;
     float yb[N][16];
-    v8f y0[N], y1[N];
+    v16f y[N];
     for (int r = 0; r < N; ++r) {
       std::memset(yb[r], 0, sizeof(yb[r]));
       std::memcpy(yb[r], ys[r] + o, sizeof(float) * w);
-      y0[r] = vload(yb[r]), y1[r] = vload(yb[r] + 8);
+      y[r] = vload(yb[r]);
     }
     for (int64_t k = 0; k < cn; ++k) {
       float bb[16] = {0.f};
       for (int64_t j = 0; j < w; ++j) bb[j] = to_f32(bt[(c0 + k) * ld + o + j]);
-      const v8f b0 = vload(bb), b1 = vload(bb + 8);
-      for (int r = 0; r < N; ++r) {
-        const v8f av = splat(tt[k * N + r]);
-        y0[r] += av * b0;
-        y1[r] += av * b1;
-      }
+      const v16f b = vload(bb);
+      for (int r = 0; r < N; ++r) y[r] += splat(tt[k * N + r]) * b;
     }
     for (int r = 0; r < N; ++r) {
-      vstore(yb[r], y0[r]), vstore(yb[r] + 8, y1[r]);
+      vstore(yb[r], y[r]);
       std::memcpy(ys[r] + o, yb[r], sizeof(float) * w);
     }
   }
@@ -165,26 +197,46 @@ inline void over_tiles(const std::vector<int64_t>& rs, F&& f) {
   }
 }
 
+// f(integral_constant<int, n>) for a work item's n in [1, kCols] rank columns
+template <typename F>
+inline void with_cols(int n, F&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+#if defined(__AVX512F__)
+    case 3: f(std::integral_constant<int, 3>()); break;
+    case 4: f(std::integral_constant<int, 4>()); break;
+#endif
+    default: break;
+  }
+  static_assert(kCols <= 4, "with_cols dispatches up to 4 columns");
+}
+
 template <typename W>
 void sgmv(const at::Tensor& x, const int64_t* bl, int64_t S, const std::vector<std::vector<int64_t>>& rows,
-          const std::vector<int64_t>& item_g, const std::vector<int64_t>& item_c, int64_t R, const W* ap,
+          const std::vector<int64_t>& item_g, const std::vector<int64_t>& item_c, const std::vector<int>& item_n,
+          int64_t R, const W* ap,
           const W* btp, at::Tensor& out) {
   const int64_t M = x.size(0), in = x.size(1), n_out = out.size(1), xs = x.stride(0);
   const int64_t n_items = static_cast<int64_t>(item_g.size());
   std::vector<float> t(static_cast<size_t>(M) * R);  // [M, R]: row i's ranks at t[i * R + c]
   const float* xp = x.data_ptr<float>();
-  // t[i, c] = A[c] . x[i] for c in the row's adapter's columns: work items are (adapter, rank column), each
-  // A row read once for all rows of its adapter
-  at::parallel_for(0, n_items, 4, [&](int64_t lo, int64_t hi) {
+  // t[i, c] = A[c] . x[i] for c in the row's adapter's columns: work items are (adapter, up to kCols rank
+  // columns), each A row read once for all rows of its adapter
+  at::parallel_for(0, n_items, 2, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t c = item_c[it];
       over_tiles(rows[item_g[it]], [&](const int64_t* rp, auto tile) {
         constexpr int N = decltype(tile)::value;
         const float* xr[N];
-        float res[N];
         for (int r = 0; r < N; ++r) xr[r] = xp + rp[r] * xs;
-        dots<W, N>(ap + c * in, xr, in, res);
-        for (int r = 0; r < N; ++r) t[rp[r] * R + c] = res[r];
+        with_cols(item_n[it], [&](auto cols) {
+          constexpr int C = decltype(cols)::value;
+          float res[C * N];
+          dots<W, C, N>(ap + c * in, in, xr, res);
+          for (int q = 0; q < C; ++q)
+            for (int r = 0; r < N; ++r) t[rp[r] * R + c + q] = res[q * N + r];
+        });
       });
     }
   });
@@ -256,16 +308,18 @@ void lora_sgmv(const at::Tensor& x, const at::Tensor& row_group, const at::Tenso
     if (rg[i] >= 0 && rg[i] < G && c1[rg[i]] > c0[rg[i]]) rows[rg[i]].push_back(i);  // else: no delta here
   }
   std::vector<int64_t> item_g, item_c;
+  std::vector<int> item_n;
   for (int64_t g = 0; g < G; ++g) {
     if (rows[g].empty()) continue;
-    for (int64_t c = c0[g]; c < c1[g]; ++c) item_g.push_back(g), item_c.push_back(c);
+    for (int64_t c = c0[g]; c < c1[g]; c += kCols)
+      item_g.push_back(g), item_c.push_back(c), item_n.push_back(static_cast<int>(std::min<int64_t>(kCols, c1[g] - c)));
   }
   if (item_g.empty()) return;
   if (bf16) {
-    sgmv<bf16_t>(x, bl, S, rows, item_g, item_c, R, reinterpret_cast<const bf16_t*>(A.data_ptr()),
+    sgmv<bf16_t>(x, bl, S, rows, item_g, item_c, item_n, R, reinterpret_cast<const bf16_t*>(A.data_ptr()),
                  reinterpret_cast<const bf16_t*>(Bt.data_ptr()), out);
   } else {
-    sgmv<float>(x, bl, S, rows, item_g, item_c, R, A.data_ptr<float>(), Bt.data_ptr<float>(), out);
+    sgmv<float>(x, bl, S, rows, item_g, item_c, item_n, R, A.data_ptr<float>(), Bt.data_ptr<float>(), out);
   }
 }
 
