@@ -78,6 +78,37 @@ void scores_tile(const float* const* qrows, int64_t R, const float* kt, int64_t 
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256 sc = _mm256_set1_ps(scale);
   int64_t r = 0;
+#if defined(__AVX512F__)
+  // 4 rows x 32 keys in eight zmm accumulators: each broadcast of a query element serves 32 keys, twice the ymm
+  // tile's. Every score is the same FMA chain over d in order as in the ymm tile below, so the bits are too.
+  const __m512 sc16 = _mm512_set1_ps(scale);
+  for (; r + 4 <= R; r += 4) {
+    for (int64_t j = 0; j < kKBlock; j += 32) {
+      __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+      const float *q0 = qrows[r], *q1 = qrows[r + 1], *q2 = qrows[r + 2], *q3 = qrows[r + 3];
+      for (int64_t d = 0; d < D; ++d) {
+        const __m512 k0 = _mm512_loadu_ps(kt + d * kKBlock + j), k1 = _mm512_loadu_ps(kt + d * kKBlock + j + 16);
+        __m512 x = _mm512_set1_ps(q0[d]);
+        a00 = _mm512_fmadd_ps(x, k0, a00), a01 = _mm512_fmadd_ps(x, k1, a01);
+        x = _mm512_set1_ps(q1[d]);
+        a10 = _mm512_fmadd_ps(x, k0, a10), a11 = _mm512_fmadd_ps(x, k1, a11);
+        x = _mm512_set1_ps(q2[d]);
+        a20 = _mm512_fmadd_ps(x, k0, a20), a21 = _mm512_fmadd_ps(x, k1, a21);
+        x = _mm512_set1_ps(q3[d]);
+        a30 = _mm512_fmadd_ps(x, k0, a30), a31 = _mm512_fmadd_ps(x, k1, a31);
+      }
+      float* o = s + r * kKBlock + j;
+      _mm512_storeu_ps(o, _mm512_mul_ps(a00, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a01, sc16));
+      o += kKBlock;
+      _mm512_storeu_ps(o, _mm512_mul_ps(a10, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a11, sc16));
+      o += kKBlock;
+      _mm512_storeu_ps(o, _mm512_mul_ps(a20, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a21, sc16));
+      o += kKBlock;
+      _mm512_storeu_ps(o, _mm512_mul_ps(a30, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a31, sc16));
+    }
+  }
+  static_assert(kKBlock % 32 == 0, "the zmm score tile takes 32 keys at a time");
+#endif
   for (; r + 4 <= R; r += 4) {
     for (int64_t j = 0; j < kKBlock; j += 16) {
       __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
@@ -125,6 +156,35 @@ void pv_tile(const float* p, int64_t R, const float* vt, int64_t nk, int64_t D, 
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 16 == 0) {
     int64_t r = 0;
+#if defined(__AVX512F__)
+    if (D % 32 == 0) {  // 4 rows x 32 dims in eight zmm accumulators; each output the same FMA chain over j as below
+      for (; r + 4 <= R; r += 4) {
+        for (int64_t d = 0; d < D; d += 32) {
+          float* o0 = o + r * D + d;
+          __m512 a00 = _mm512_loadu_ps(o0), a01 = _mm512_loadu_ps(o0 + 16);
+          __m512 a10 = _mm512_loadu_ps(o0 + D), a11 = _mm512_loadu_ps(o0 + D + 16);
+          __m512 a20 = _mm512_loadu_ps(o0 + 2 * D), a21 = _mm512_loadu_ps(o0 + 2 * D + 16);
+          __m512 a30 = _mm512_loadu_ps(o0 + 3 * D), a31 = _mm512_loadu_ps(o0 + 3 * D + 16);
+          const float* p0 = p + r * kKBlock;
+          for (int64_t j = 0; j < nk; ++j) {
+            const __m512 v0 = _mm512_loadu_ps(vt + j * D + d), v1 = _mm512_loadu_ps(vt + j * D + d + 16);
+            __m512 x = _mm512_set1_ps(p0[j]);
+            a00 = _mm512_fmadd_ps(x, v0, a00), a01 = _mm512_fmadd_ps(x, v1, a01);
+            x = _mm512_set1_ps(p0[kKBlock + j]);
+            a10 = _mm512_fmadd_ps(x, v0, a10), a11 = _mm512_fmadd_ps(x, v1, a11);
+            x = _mm512_set1_ps(p0[2 * kKBlock + j]);
+            a20 = _mm512_fmadd_ps(x, v0, a20), a21 = _mm512_fmadd_ps(x, v1, a21);
+            x = _mm512_set1_ps(p0[3 * kKBlock + j]);
+            a30 = _mm512_fmadd_ps(x, v0, a30), a31 = _mm512_fmadd_ps(x, v1, a31);
+          }
+          _mm512_storeu_ps(o0, a00), _mm512_storeu_ps(o0 + 16, a01);
+          _mm512_storeu_ps(o0 + D, a10), _mm512_storeu_ps(o0 + D + 16, a11);
+          _mm512_storeu_ps(o0 + 2 * D, a20), _mm512_storeu_ps(o0 + 2 * D + 16, a21);
+          _mm512_storeu_ps(o0 + 3 * D, a30), _mm512_storeu_ps(o0 + 3 * D + 16, a31);
+        }
+      }
+    }
+#endif
     for (; r + 4 <= R; r += 4) {
       for (int64_t d = 0; d < D; d += 16) {
         float* o0 = o + r * D + d;
