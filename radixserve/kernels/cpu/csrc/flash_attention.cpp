@@ -73,67 +73,81 @@ void gather_tiles(const T* kp, const T* vp, const int64_t* idx, int64_t t0, int6
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The register tiles below are written once over a vector type: 8 lanes (ymm) on AVX2, 16 (zmm) on the AVX-512
+// variants. Each output element is the same FMA chain over d (scores) or j (P.V) in order whatever the width, so
+// every variant computes the same bits; a zmm tile does twice the multiply-adds an instruction.
+struct Ymm {
+  using V = __m256;
+  static constexpr int64_t W = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float a) { return _mm256_set1_ps(a); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+};
+#if defined(__AVX512F__)
+struct Zmm {
+  using V = __m512;
+  static constexpr int64_t W = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float a) { return _mm512_set1_ps(a); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+};
+using Wide = Zmm;
+#else
+using Wide = Ymm;
+#endif
+static_assert(kKBlock % (2 * Wide::W) == 0, "a score tile covers 2 vectors of keys at a time");
+
+// s [4][kKBlock] = scale * q[0..4) . kt: 4 rows x 2 vectors of keys in eight accumulators, one broadcast of a query
+// element serving 2 W keys
+template <class T>
+inline void scores_4rows(const float* const* q, const float* kt, int64_t D, float scale, float* s) {
+  const typename T::V sc = T::set1(scale);
+  for (int64_t j = 0; j < kKBlock; j += 2 * T::W) {
+    typename T::V a[4][2];
+    for (int i = 0; i < 4; ++i) a[i][0] = a[i][1] = T::zero();
+    for (int64_t d = 0; d < D; ++d) {
+      const typename T::V k0 = T::load(kt + d * kKBlock + j), k1 = T::load(kt + d * kKBlock + j + T::W);
+      for (int i = 0; i < 4; ++i) {
+        const typename T::V x = T::set1(q[i][d]);
+        a[i][0] = T::fma(x, k0, a[i][0]), a[i][1] = T::fma(x, k1, a[i][1]);
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      T::store(s + i * kKBlock + j, T::mul(a[i][0], sc)), T::store(s + i * kKBlock + j + T::W, T::mul(a[i][1], sc));
+  }
+}
+
+// o [4][D] += p [4][kKBlock] . vt [kKBlock][D] over the first nk keys: 4 rows x 2 vectors of dims in registers
+template <class T>
+inline void pv_4rows(const float* p, const float* vt, int64_t nk, int64_t D, float* o) {
+  for (int64_t d = 0; d < D; d += 2 * T::W) {
+    typename T::V a[4][2];
+    for (int i = 0; i < 4; ++i) a[i][0] = T::load(o + i * D + d), a[i][1] = T::load(o + i * D + d + T::W);
+    for (int64_t j = 0; j < nk; ++j) {
+      const typename T::V v0 = T::load(vt + j * D + d), v1 = T::load(vt + j * D + d + T::W);
+      for (int i = 0; i < 4; ++i) {
+        const typename T::V x = T::set1(p[i * kKBlock + j]);
+        a[i][0] = T::fma(x, v0, a[i][0]), a[i][1] = T::fma(x, v1, a[i][1]);
+      }
+    }
+    for (int i = 0; i < 4; ++i) T::store(o + i * D + d, a[i][0]), T::store(o + i * D + d + T::W, a[i][1]);
+  }
+}
+#endif
+
 // s [R][kKBlock] = scale * q_rows . kt, rows r = (i - i0) * G + g read from q (row stride D within a head)
 void scores_tile(const float* const* qrows, int64_t R, const float* kt, int64_t D, float scale, float* s) {
 #if defined(__AVX2__) && defined(__FMA__)
-  const __m256 sc = _mm256_set1_ps(scale);
   int64_t r = 0;
-#if defined(__AVX512F__)
-  // 4 rows x 32 keys in eight zmm accumulators: each broadcast of a query element serves 32 keys, twice the ymm
-  // tile's. Every score is the same FMA chain over d in order as in the ymm tile below, so the bits are too.
-  const __m512 sc16 = _mm512_set1_ps(scale);
-  for (; r + 4 <= R; r += 4) {
-    for (int64_t j = 0; j < kKBlock; j += 32) {
-      __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-      const float *q0 = qrows[r], *q1 = qrows[r + 1], *q2 = qrows[r + 2], *q3 = qrows[r + 3];
-      for (int64_t d = 0; d < D; ++d) {
-        const __m512 k0 = _mm512_loadu_ps(kt + d * kKBlock + j), k1 = _mm512_loadu_ps(kt + d * kKBlock + j + 16);
-        __m512 x = _mm512_set1_ps(q0[d]);
-        a00 = _mm512_fmadd_ps(x, k0, a00), a01 = _mm512_fmadd_ps(x, k1, a01);
-        x = _mm512_set1_ps(q1[d]);
-        a10 = _mm512_fmadd_ps(x, k0, a10), a11 = _mm512_fmadd_ps(x, k1, a11);
-        x = _mm512_set1_ps(q2[d]);
-        a20 = _mm512_fmadd_ps(x, k0, a20), a21 = _mm512_fmadd_ps(x, k1, a21);
-        x = _mm512_set1_ps(q3[d]);
-        a30 = _mm512_fmadd_ps(x, k0, a30), a31 = _mm512_fmadd_ps(x, k1, a31);
-      }
-      float* o = s + r * kKBlock + j;
-      _mm512_storeu_ps(o, _mm512_mul_ps(a00, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a01, sc16));
-      o += kKBlock;
-      _mm512_storeu_ps(o, _mm512_mul_ps(a10, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a11, sc16));
-      o += kKBlock;
-      _mm512_storeu_ps(o, _mm512_mul_ps(a20, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a21, sc16));
-      o += kKBlock;
-      _mm512_storeu_ps(o, _mm512_mul_ps(a30, sc16)), _mm512_storeu_ps(o + 16, _mm512_mul_ps(a31, sc16));
-    }
-  }
-  static_assert(kKBlock % 32 == 0, "the zmm score tile takes 32 keys at a time");
-#endif
-  for (; r + 4 <= R; r += 4) {
-    for (int64_t j = 0; j < kKBlock; j += 16) {
-      __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-      const float *q0 = qrows[r], *q1 = qrows[r + 1], *q2 = qrows[r + 2], *q3 = qrows[r + 3];
-      for (int64_t d = 0; d < D; ++d) {
-        const __m256 k0 = _mm256_loadu_ps(kt + d * kKBlock + j), k1 = _mm256_loadu_ps(kt + d * kKBlock + j + 8);
-        __m256 x = _mm256_broadcast_ss(q0 + d);
-        a00 = _mm256_fmadd_ps(x, k0, a00), a01 = _mm256_fmadd_ps(x, k1, a01);
-        x = _mm256_broadcast_ss(q1 + d);
-        a10 = _mm256_fmadd_ps(x, k0, a10), a11 = _mm256_fmadd_ps(x, k1, a11);
-        x = _mm256_broadcast_ss(q2 + d);
-        a20 = _mm256_fmadd_ps(x, k0, a20), a21 = _mm256_fmadd_ps(x, k1, a21);
-        x = _mm256_broadcast_ss(q3 + d);
-        a30 = _mm256_fmadd_ps(x, k0, a30), a31 = _mm256_fmadd_ps(x, k1, a31);
-      }
-      float* o = s + r * kKBlock + j;
-      _mm256_storeu_ps(o, _mm256_mul_ps(a00, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a01, sc));
-      o += kKBlock;
-      _mm256_storeu_ps(o, _mm256_mul_ps(a10, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a11, sc));
-      o += kKBlock;
-      _mm256_storeu_ps(o, _mm256_mul_ps(a20, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a21, sc));
-      o += kKBlock;
-      _mm256_storeu_ps(o, _mm256_mul_ps(a30, sc)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(a31, sc));
-    }
-  }
+  for (; r + 4 <= R; r += 4) scores_4rows<Wide>(qrows + r, kt, D, scale, s + r * kKBlock);
+  const __m256 sc = _mm256_set1_ps(scale);
   for (; r < R; ++r) {
     for (int64_t j = 0; j < kKBlock; j += 8) {
       __m256 a = _mm256_setzero_ps();
@@ -156,58 +170,11 @@ void pv_tile(const float* p, int64_t R, const float* vt, int64_t nk, int64_t D, 
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 16 == 0) {
     int64_t r = 0;
-#if defined(__AVX512F__)
-    if (D % 32 == 0) {  // 4 rows x 32 dims in eight zmm accumulators; each output the same FMA chain over j as below
-      for (; r + 4 <= R; r += 4) {
-        for (int64_t d = 0; d < D; d += 32) {
-          float* o0 = o + r * D + d;
-          __m512 a00 = _mm512_loadu_ps(o0), a01 = _mm512_loadu_ps(o0 + 16);
-          __m512 a10 = _mm512_loadu_ps(o0 + D), a11 = _mm512_loadu_ps(o0 + D + 16);
-          __m512 a20 = _mm512_loadu_ps(o0 + 2 * D), a21 = _mm512_loadu_ps(o0 + 2 * D + 16);
-          __m512 a30 = _mm512_loadu_ps(o0 + 3 * D), a31 = _mm512_loadu_ps(o0 + 3 * D + 16);
-          const float* p0 = p + r * kKBlock;
-          for (int64_t j = 0; j < nk; ++j) {
-            const __m512 v0 = _mm512_loadu_ps(vt + j * D + d), v1 = _mm512_loadu_ps(vt + j * D + d + 16);
-            __m512 x = _mm512_set1_ps(p0[j]);
-            a00 = _mm512_fmadd_ps(x, v0, a00), a01 = _mm512_fmadd_ps(x, v1, a01);
-            x = _mm512_set1_ps(p0[kKBlock + j]);
-            a10 = _mm512_fmadd_ps(x, v0, a10), a11 = _mm512_fmadd_ps(x, v1, a11);
-            x = _mm512_set1_ps(p0[2 * kKBlock + j]);
-            a20 = _mm512_fmadd_ps(x, v0, a20), a21 = _mm512_fmadd_ps(x, v1, a21);
-            x = _mm512_set1_ps(p0[3 * kKBlock + j]);
-            a30 = _mm512_fmadd_ps(x, v0, a30), a31 = _mm512_fmadd_ps(x, v1, a31);
-          }
-          _mm512_storeu_ps(o0, a00), _mm512_storeu_ps(o0 + 16, a01);
-          _mm512_storeu_ps(o0 + D, a10), _mm512_storeu_ps(o0 + D + 16, a11);
-          _mm512_storeu_ps(o0 + 2 * D, a20), _mm512_storeu_ps(o0 + 2 * D + 16, a21);
-          _mm512_storeu_ps(o0 + 3 * D, a30), _mm512_storeu_ps(o0 + 3 * D + 16, a31);
-        }
-      }
-    }
-#endif
     for (; r + 4 <= R; r += 4) {
-      for (int64_t d = 0; d < D; d += 16) {
-        float* o0 = o + r * D + d;
-        __m256 a00 = _mm256_loadu_ps(o0), a01 = _mm256_loadu_ps(o0 + 8);
-        __m256 a10 = _mm256_loadu_ps(o0 + D), a11 = _mm256_loadu_ps(o0 + D + 8);
-        __m256 a20 = _mm256_loadu_ps(o0 + 2 * D), a21 = _mm256_loadu_ps(o0 + 2 * D + 8);
-        __m256 a30 = _mm256_loadu_ps(o0 + 3 * D), a31 = _mm256_loadu_ps(o0 + 3 * D + 8);
-        const float* p0 = p + r * kKBlock;
-        for (int64_t j = 0; j < nk; ++j) {
-          const __m256 v0 = _mm256_loadu_ps(vt + j * D + d), v1 = _mm256_loadu_ps(vt + j * D + d + 8);
-          __m256 x = _mm256_broadcast_ss(p0 + j);
-          a00 = _mm256_fmadd_ps(x, v0, a00), a01 = _mm256_fmadd_ps(x, v1, a01);
-          x = _mm256_broadcast_ss(p0 + kKBlock + j);
-          a10 = _mm256_fmadd_ps(x, v0, a10), a11 = _mm256_fmadd_ps(x, v1, a11);
-          x = _mm256_broadcast_ss(p0 + 2 * kKBlock + j);
-          a20 = _mm256_fmadd_ps(x, v0, a20), a21 = _mm256_fmadd_ps(x, v1, a21);
-          x = _mm256_broadcast_ss(p0 + 3 * kKBlock + j);
-          a30 = _mm256_fmadd_ps(x, v0, a30), a31 = _mm256_fmadd_ps(x, v1, a31);
-        }
-        _mm256_storeu_ps(o0, a00), _mm256_storeu_ps(o0 + 8, a01);
-        _mm256_storeu_ps(o0 + D, a10), _mm256_storeu_ps(o0 + D + 8, a11);
-        _mm256_storeu_ps(o0 + 2 * D, a20), _mm256_storeu_ps(o0 + 2 * D + 8, a21);
-        _mm256_storeu_ps(o0 + 3 * D, a30), _mm256_storeu_ps(o0 + 3 * D + 8, a31);
+      if (D % (2 * Wide::W) == 0) {
+        pv_4rows<Wide>(p + r * kKBlock, vt, nk, D, o + r * D);
+      } else {
+        pv_4rows<Ymm>(p + r * kKBlock, vt, nk, D, o + r * D);
       }
     }
     for (; r < R; ++r) {
