@@ -8,7 +8,8 @@
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
     csrc/lora_sgmv.cpp         lora_sgmv (each row's own LoRA adapter delta on one projection)
     csrc/fused_experts.cpp     fused_experts (a MoE layer's routed experts on their stacked low-bit blocks)
-    csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h)
+    csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h), and
+                               quant_tiles.h: the quantised GEMM's register tiles (quant_linear.cpp)
 
 The variant is chosen at run time from what *this* CPU reports (/proc/cpuinfo flags), never from
 what the build machine had: `avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the integer dot products of the
