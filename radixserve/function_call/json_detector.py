@@ -9,7 +9,9 @@ llama3_detector.py, mistral_detector.py, gemma3_detector.py):
 
 Inside a call the name goes out once the head `{"name": "...", "arguments": ` has arrived, then the
 arguments' JSON text as it comes (scanned for its end, strings and nesting respected). A head that
-does not parse within 512 characters, or a marker followed by something other than `{`, is content.
+does not parse within 512 characters, a marker followed by something other than `{`, or a head whose value
+does not start an object, array or string, is content. Arguments that end but are not JSON (`[}`) drop
+their call, as a call cut off by the length limit is dropped: what `calls` returns is always JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from radixserve.function_call.base_detector import (
 )
 
 _HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(arguments|parameters)"\s*:\s*')
+# what the arguments' value may start with: the scan below finds the end of an object, array or string only
+_VALUE_START = '{["'
 # a head longer than this that still does not parse is not a tool call
 _MAX_HEAD_CHARS = 512
 
@@ -92,7 +96,13 @@ class JsonDetector(BaseDetector):
                     self._buf, self._raw, self._state = "", "", "text"
                     return False
                 return False  # the head is still arriving
-            name = json.loads(f'"{m.group(1)}"')
+            if m.end() == len(buf):
+                return False  # the value is still arriving
+            name = _json_string(m.group(1)) if buf[m.end()] in _VALUE_START else None
+            if name is None:  # `"arguments": 5}`, `"arguments"::}`, a name escape JSON lacks (`\\q`): not a call
+                content.append(self._raw + buf[: m.end()])  # its head is content; the text after it is read on
+                self._buf, self._raw, self._state = buf[m.end() :], "", "text"
+                return True
             self._cur = self.open_call(name)
             if self._cur is not None:
                 deltas.append(ToolCallDelta(self._cur.index, self._cur.id, name, ""))
@@ -110,7 +120,8 @@ class JsonDetector(BaseDetector):
                 self._buf = ""
                 return False
             if call is not None:
-                call.complete = True
+                call.complete = _is_json(call.arguments)
+                self._drop()  # brackets that close but do not match (`[}`): not a call to return
             self._buf, self._state = buf[end:], "tail"
             return True
         if self._state == "tail":  # the call object's own closing brace
@@ -171,3 +182,19 @@ class JsonDetector(BaseDetector):
     # ------------------------------------------------------------------ prompting
     def render_calls(self, calls: list[tuple[str, Any]]) -> str:
         return "\n".join(self.fmt.begin.format(name=n) + json.dumps(a) + self.fmt.end for n, a in calls)
+
+
+def _json_string(body: str) -> str | None:
+    """The JSON string literal "body" decoded, or None when an escape in it is not JSON's."""
+    try:
+        return json.loads(f'"{body}"')
+    except ValueError:
+        return None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -111,6 +111,14 @@ MALFORMED = {  # text -> (names of the calls kept, content)
         ("[add(a=1) oops", ["add"], "oops"),
         ("[" + "a" * 300, [], "[" + "a" * 300),
     ],
+    "gemma3": [  # found by test_random_text_never_raises: arguments that are not JSON are never a call
+        ('{"name": "add", "parameters"::::}', [], '{"name": "add", "parameters"::::}'),
+        ('{"name": "add", "parameters": 5}', [], '{"name": "add", "parameters": 5}'),
+        ('{"name": "add", "parameters": [}', [], ""),  # closes but does not match: dropped like a cut-off call
+        ('{"name": "a\\q", "parameters": {}}', [], '{"name": "a\\q", "parameters": {}}'),  # not a JSON escape
+        ('{"name": "add", "parameters": 5} {"name": "add", "parameters": {"a": 1}}', ["add"],
+         '{"name": "add", "parameters": 5}'),  # the text after a head that is not a call is read on
+    ],
     "hermes": [
         ('<tool_call>\n{"name": "nope", "arguments": {"a": 1}}\n</tool_call>', [], ""),
         ('<tool_call>\n{"name": "add", "arguments": {"a": 1', [], ""),
