@@ -40,11 +40,16 @@ constexpr int kTileRows = 4;
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-// Software prefetch of the weight stream kPrefetch bytes ahead of the block being multiplied. At one row a
-// decode step is bound by how fast weights arrive, and the hardware prefetchers restart at every 4 KiB page
-// and every new matrix (a MoE layer's experts are 8 short streams a token, a dense layer's MLP 2 long ones).
-// Past a group's end the prefetch runs into the next group, which follows it in memory.
-constexpr int64_t kPrefetch = 2048;
+// Software prefetch of the weight stream kPrefetch bytes ahead of the block being multiplied, at every row count
+// (a decode step of a few rows is bound by how fast weights arrive; a long step's tiles barely notice the few
+// prefetch instructions). The hardware prefetchers restart at every 4 KiB page and every new matrix (a MoE
+// layer's experts are 8 short streams a token, a dense layer's MLP 2 long ones). A pair of groups (g, g + 1)
+// is one contiguous stream advancing two blocks an iteration, so it is prefetched as one: ahead of the pair
+// runs into the next pair, both of whose groups follow in memory (prefetching each group's own blocks left the
+// next pair's second group cold). 8 KiB ahead ~ DRAM latency x one core's bandwidth with room: on a 2-vCPU Zen 4
+// with ~31 GB/s, Gemma 3's 262,144 x 640 Q8_0 LM head at one row went from 7.2 ms (2 KiB, each group
+// prefetched, pairs only at <= 2 rows) to 4.7-5.0 ms; 16 KiB measured 5.7-6.1 ms (lmhead micro, docs/benchmarks.md).
+constexpr int64_t kPrefetch = 8192;
 template <int64_t kBytes>
 inline void prefetch_block(const void* p) {
   const char* c = static_cast<const char*>(p) + kPrefetch;
@@ -126,7 +131,7 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* wb = wg + b * 256;
-    if (R <= 2) prefetch_block<256>(wb);
+    prefetch_block<256>(wb);
     for (int sg = 0; sg < S; ++sg) {
       __m256i s32[R];
       for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
@@ -163,7 +168,7 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
     const __m256i mask = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* wb = wg + b * kBytes;
-      if (R <= 2) prefetch_block<kBytes>(wb);
+      prefetch_block<kBytes>(wb);
       const __m256i hb = kQ5 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128)) : _mm256_setzero_si256();
       __m256i p[R];
 #ifndef RS_VNNI
@@ -233,7 +238,7 @@ inline void tile_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = wg + b * 192;
-    if (R <= 2) prefetch_block<192>(wb);
+    prefetch_block<192>(wb);
     for (int sg = 0; sg < 2; ++sg) {  // 16 elements a scale group: nibble quarters 2 sg, 2 sg + 1
       const __m256i hp = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128 + 32 * sg));
       __m256i s32[R];
@@ -309,7 +314,7 @@ inline void tile2_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t *wb0 = wg0 + b * 256, *wb1 = wg1 + b * 256;
-    if (R <= 2) prefetch_block<256>(wb0), prefetch_block<256>(wb1);
+    prefetch_block<2 * 256>(wg0 + 2 * b * 256);  // the pair as one stream
     for (int sg = 0; sg < S; ++sg) {
       __m512i wq[kT], s32[R];
       for (int t = 0; t < kT; ++t) wq[t] = load_pair(wb0 + (sg * kT + t) * 32, wb1 + (sg * kT + t) * 32);
@@ -339,7 +344,7 @@ inline void tile2_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *wb0 = wg0 + b * kBytes, *wb1 = wg1 + b * kBytes;
-    if (R <= 2) prefetch_block<kBytes>(wb0), prefetch_block<kBytes>(wb1);
+    prefetch_block<2 * kBytes>(wg0 + 2 * b * kBytes);  // the pair as one stream
     const __m512i hb = kQ5 ? load_pair(wb0 + 128, wb1 + 128) : _mm512_setzero_si512();
     __m512i p[R];
     for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_si512();
@@ -378,7 +383,7 @@ inline void tile2_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *wb0 = wg0 + b * 192, *wb1 = wg1 + b * 192;
-    if (R <= 2) prefetch_block<192>(wb0), prefetch_block<192>(wb1);
+    prefetch_block<2 * 192>(wg0 + 2 * b * 192);  // the pair as one stream
     for (int sg = 0; sg < 2; ++sg) {
       const __m512i hp = load_pair(wb0 + 128 + 32 * sg, wb1 + 128 + 32 * sg);
       __m512i wq[4], s32[R];
