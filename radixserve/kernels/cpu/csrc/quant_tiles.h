@@ -48,7 +48,7 @@ constexpr int kTileRows = 4;
 // runs into the next pair, both of whose groups follow in memory (prefetching each group's own blocks left the
 // next pair's second group cold). 8 KiB ahead ~ DRAM latency x one core's bandwidth with room: on a 2-vCPU Zen 4
 // with ~31 GB/s, Gemma 3's 262,144 x 640 Q8_0 LM head at one row went from 7.2 ms (2 KiB, each group
-// prefetched, pairs only at <= 2 rows) to 4.7-5.0 ms; 16 KiB measured 5.7-6.1 ms (lmhead micro, docs/benchmarks.md).
+// prefetched, pairs only at <= 2 rows) to 4.7-5.0 ms; 16 KiB measured 5.7-6.1 ms (docs/kernels_and_precision.md).
 constexpr int64_t kPrefetch = 8192;
 template <int64_t kBytes>
 inline void prefetch_block(const void* p) {
