@@ -135,7 +135,8 @@ class ServerArgs:
     rpc_timeout: float = _knob(30.0, "seconds a control call (flush_cache, server info) waits for the scheduler")
     # --- memory ---
     max_total_tokens: int | None = _knob(None, "KV pool size in tokens (default: from the memory budget)")
-    mem_fraction_static: float = _knob(_DEFAULT_MEM_FRACTION, "GPU: fraction of device memory for weights + KV pool")
+    mem_fraction_static: float = _knob(_DEFAULT_MEM_FRACTION, "fraction of the memory available at start-up (CPU: RAM; GPU: free device memory) "
+                                           "for weights + float copies + activations + KV pool")
     cpu_kv_cache_gb: float = _knob(2.0, "CPU: cap on the KV pool size in GiB")
     page_size: int = _knob(1, "KV slots per page; prefixes are shared in whole pages")
     # --- scheduling ---

@@ -29,7 +29,7 @@ GRAMMAR_BACKENDS = ("xgrammar", "none")
 POOLING_METHODS = ("last", "mean")  # layers/pooler.py
 SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-DEFAULT_MEM_FRACTION = 0.8  # ServerArgs.mem_fraction_static's default: read on CUDA only
+DEFAULT_MEM_FRACTION = 0.8  # ServerArgs.mem_fraction_static's default (model_executor/memory_budget.py)
 
 
 def check_server_args(args: ServerArgs) -> None:
@@ -169,8 +169,6 @@ def check_server_args(args: ServerArgs) -> None:
         bad("context_length", "must be >= 2")
     if not 0 < args.mem_fraction_static <= 1:
         bad("mem_fraction_static", "must be in (0, 1]")
-    if args.device == "cpu" and args.mem_fraction_static != DEFAULT_MEM_FRACTION:  # read on CUDA only
-        bad("mem_fraction_static", "sizes a GPU's KV pool; on a CPU the pool is capped by cpu_kv_cache_gb")
     if args.log_level.lower() not in LOG_LEVELS:
         bad("log_level", f"must be one of {LOG_LEVELS}, got {args.log_level!r}")
     if args.chat_template is not None:  # a bad file fails the start, never a request

@@ -49,7 +49,7 @@ SERVER_EVIDENCE: dict[str, str] = {
     "max_queued_requests": "tests/entrypoints/test_http_faults.py",
     "max_request_body_bytes": "tests/entrypoints/test_http_faults.py",
     "rpc_timeout": "tests/entrypoints/test_http_faults.py",
-    "mem_fraction_static": "tests/test_server_args.py",  # GPU only: refused on a CPU
+    "mem_fraction_static": "tests/model_executor/test_memory_budget.py",
     "tp_size": "tests/distributed/test_tensor_parallel.py",
     "ep_size": "tests/distributed/test_moe_parallel.py",
     "pp_size": "tests/distributed/test_pipeline_parallel.py",

@@ -16,7 +16,8 @@ from radixserve.server_args import ServerArgs
      ("grammar_compile_timeout", 0), ("grammar_compile_timeout", 1e9), ("grammar_compile_timeout", float("nan")),
      ("tool_call_parser", "gpt-oss"), ("log_level", "loud"),
      ("ep_size", 0), ("ep_size", 2), ("ep_size", 10**9),  # ep_size must divide tp_size (1 here)
-     ("mem_fraction_static", 0.5)],  # a GPU's knob: on a CPU it would be ignored
+     ("mem_fraction_static", 0.0), ("mem_fraction_static", 1.5), ("mem_fraction_static", float("nan")),
+     ("mem_fraction_static", 1e300)],
 )
 def test_bad_value_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"ServerArgs.{field}"):

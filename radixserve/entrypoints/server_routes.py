@@ -94,7 +94,7 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
         if server_args.get("api_key"):
             server_args["api_key"] = "<hidden>"  # never echo the secret back
         return JSONResponse({**server_args, **await tm.get_server_info(), "version": __version__,
-                             "served_model_name": name})
+                             "served_model_name": name, "memory_budget": state.handle.info.get("memory_budget")})
 
     @app.get("/flush_cache", operation_id="flush_cache_get")
     @app.post("/flush_cache", operation_id="flush_cache_post")

@@ -34,7 +34,7 @@ from radixserve.distributed.parallel_state import ParallelState
 from radixserve.kernels.cpu.loader import cpu_info
 from radixserve.layers.batch_invariant import tiled_rows
 from radixserve.layers.kernel_mode import EXACT, KernelMode, step_kernels
-from radixserve.layers.quantization.qweight import QuantRows, QuantWeight
+from radixserve.layers.quantization.qweight import QuantWeight
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
@@ -184,13 +184,15 @@ class PackableLinear(nn.Module):
         src = loaded.narrow(dim, start, length)
         (param.data.narrow(0, dst, length) if dim == 0 else param.data).copy_(src)
 
-    def shard_quant_rows(self, rows: QuantRows, shard_id: object = None, name: str = "weight") -> QuantRows:
-        """This rank's part of a checkpoint tensor's low-bit rows (exact GGUF blocks), cut like the floats."""
+    def quant_cut(self, shard_id: object, rows: int) -> tuple[int, int, int, int]:
+        """(dim, start, length, padded rows): this rank's part of a `rows`-row checkpoint tensor's low-bit rows
+        (exact GGUF blocks) is rows.narrow(dim, start, length), then zero rows up to `padded rows`; cut by
+        tp_slice, like the floats."""
         ps = getattr(self, "ps", None)
         if ps is None or ps.tp_size == 1:
-            return rows
+            return 0, 0, rows, rows
         dim, start, length, _ = self.tp_slice(shard_id)
-        return rows.narrow(dim, start, length, name)
+        return dim, start, length, length if dim == 0 else rows
 
     def weight_dims(self) -> tuple[int, int]:
         """(out, in) of this rank's weight, packed or not."""
@@ -263,15 +265,21 @@ def prepare_float_weights(model: nn.Module, backend: str, dtype: torch.dtype, lo
         if isinstance(mod, PackableLinear) and mod.packed is None and mod.weight is not None:
             if low_bit_only and mod.qweight is not None:
                 continue
-            release = owners.get(id(mod.weight), 0) <= 1
-            if backend == "onednn":
-                mod.pack(release_dense=release, dtype=dtype)
-            elif mod.weight.dtype != dtype and mod.gemm_dtype is None:
-                mod.cast(dtype, release_dense=release)
-            else:
-                continue
-            count += 1
+            count += prepare_float_weight(mod, backend, dtype, release=owners.get(id(mod.weight), 0) <= 1)
     return count
+
+
+def prepare_float_weight(mod: PackableLinear, backend: str, dtype: torch.dtype, release: bool) -> bool:
+    """One projection's float GEMM readied for `backend` in `dtype` (prepare_float_weights' rule; the GGUF loader
+    calls it layer by layer as it builds float copies). Returns whether anything was done."""
+    assert mod.weight is not None
+    if backend == "onednn":
+        mod.pack(release_dense=release, dtype=dtype)
+    elif mod.weight.dtype != dtype and mod.gemm_dtype is None:
+        mod.cast(dtype, release_dense=release)
+    else:
+        return False
+    return True
 
 
 def _divide(n: int, d: int, what: str) -> int:

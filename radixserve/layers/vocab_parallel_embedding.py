@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import gguf
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,34 +18,61 @@ from torch import nn
 from radixserve.distributed.parallel_state import ParallelState
 from radixserve.layers.kernel_mode import step_kernels
 from radixserve.layers.linear import PackableLinear
-from radixserve.layers.quantization.qweight import QuantRows
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 
 class VocabParallelEmbedding(nn.Module):
+    """The token embedding: float rows, or (map_blocks) the GGUF file's own block rows, read in place from the
+    mapped file and dequantised per looked-up token. A quantised 8B model's embedding is 2 GiB as float32 and
+    ~0.3 GiB in its file: the mapped rows cost no anonymous memory at all (their pages are the page cache's,
+    shared by every rank and process mapping the file)."""
+
+    weight: nn.Parameter | None
+
     def __init__(self, vocab_size: int, hidden_size: int, ps: ParallelState) -> None:
         super().__init__()
         self.ps = ps
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
         self.padded_vocab = -(-vocab_size // ps.tp_size) * ps.tp_size
         self.rows_per_rank = self.padded_vocab // ps.tp_size
         self.start = ps.tp_rank * self.rows_per_rank
-        self.weight = nn.Parameter(torch.zeros(self.rows_per_rank, hidden_size), requires_grad=False)
+        # empty, not zeros: untouched pages cost nothing until loaded (a mapped embedding never touches them)
+        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        self.blocks: np.ndarray | None = None  # map_blocks: this rank's rows of the file, uint8 [rows, row bytes]
+        self.blocks_qtype: object = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         rows = loaded[self.start : self.start + self.rows_per_rank]
-        param.data.zero_()
         param.data[: rows.shape[0]].copy_(rows)
+        param.data[rows.shape[0] :].zero_()  # vocabulary padding (tp): rows that compute 0
+
+    def map_blocks(self, raw: np.ndarray, qtype: object) -> None:
+        """Look tokens up in the file's block rows `raw` (uint8 [vocab, row bytes], a view of the mapped file) of
+        ggml type `qtype` instead of float rows; the float weight is dropped (it was never loaded)."""
+        self.blocks = raw[self.start : self.start + self.rows_per_rank]
+        self.blocks_qtype = qtype
+        self.weight = None
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.blocks is None:
+            assert self.weight is not None
+            return F.embedding(ids, self.weight)
+        # gguf's reference dequantisation of just these rows: the same float32 values as the whole tensor's
+        flat = ids.reshape(-1).cpu().numpy()
+        values = gguf.quants.dequantize(self.blocks[flat], self.blocks_qtype).astype(np.float32, copy=False)
+        return torch.from_numpy(np.ascontiguousarray(values)).view(*ids.shape, self.hidden_size).to(ids.device)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.ps.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         local = input_ids - self.start
         in_range = (local >= 0) & (local < self.rows_per_rank)
-        out = F.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight)
+        limit = self.rows_per_rank if self.blocks is None else self.blocks.shape[0]
+        out = self._lookup(local.clamp(0, limit - 1))
         out = out * in_range.unsqueeze(-1)
         return self.ps.all_reduce(out)
 
@@ -54,10 +83,9 @@ class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         VocabParallelEmbedding.weight_loader(self, param, loaded, shard_id)
 
-    def shard_quant_rows(self, rows: QuantRows, shard_id: object = None, name: str = "weight") -> QuantRows:
+    def quant_cut(self, shard_id: object, rows: int) -> tuple[int, int, int, int]:
         """The embedding's vocabulary rows of this rank, zero rows past the vocabulary (padding)."""
-        part = rows.narrow(0, self.start, max(0, min(self.rows_per_rank, rows.q.shape[0] - self.start)), name)
-        return part.pad_rows(self.rows_per_rank)
+        return 0, self.start, max(0, min(self.rows_per_rank, rows - self.start)), self.rows_per_rank
 
     def local_logits(self, hidden: torch.Tensor, forward_batch: ForwardBatch | None = None) -> torch.Tensor:
         # [n, hidden] @ [hidden, V/tp] -> [n, V/tp]

@@ -110,6 +110,7 @@ class SchedulerProcess:
             "hidden_size": s.model_config.hidden_size,
             "eos_token_ids": list(s.model_config.eos_token_ids),
             "weight_bytes": s.model_runner.weight_bytes,
+            "memory_budget": s.model_runner.memory_budget.as_dict(),  # each part of this rank's memory
             "rank": self.rank,
             "dp_rank": self.dp_rank,
         }

@@ -51,23 +51,14 @@ def iterate_gguf_weights(path: str, keep: Callable[[str], bool] | None = None) -
     Every tensor's name and type is checked before the first is yielded, so an unsupported file fails
     fast instead of half way through a load. Quantised tensors are dequantised with gguf's reference
     code, and q/k projections are un-permuted back to HF's RoPE layout where llama.cpp permuted them.
-    The results are cached on disk on the first full pass and read back from there afterwards. With
-    `keep`, only the tensors it accepts are read (from the cache, or dequantised when there is none: a
-    partial pass does not write the cache).
+    With `keep`, only the tensors it accepts are read. Nothing is cached on disk: a float32 copy is ~7x a
+    Q4 file, and the low-bit path never asks for the projections (GGUFBlocks).
     """
-    entry = gguf_cache.cache_entry(path)
-    cached = gguf_cache.cached_weights(entry, keep) if entry else None
-    if cached is not None:
-        return cached
-    f = open_gguf(path)
+    f = open_gguf(path, light=True)
     plan = _tensor_plan(f)
-    offset = gguf_record(f).norm_offset
     if keep is not None:
-        return _stream(f, [p for p in plan if keep(p[1])], offset)
-    if entry:
-        layout = [(hf_name, f.hf_shape(gguf_name)) for gguf_name, hf_name, _ in plan]
-        return gguf_cache.write_weights_through(entry, layout, _stream(f, plan, offset))
-    return _stream(f, plan, offset)
+        plan = [p for p in plan if keep(p[1])]
+    return _stream(f, plan, gguf_record(f).norm_offset)
 
 
 def _tensor_plan(f: GGUFFile) -> list[tuple[str, str, int | None]]:
@@ -140,26 +131,53 @@ def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def gguf_tensor_blocks(path: str) -> dict[str, tuple[str, torch.Tensor | None]]:
-    """`hf_name -> (ggml type name, raw block rows)` for every parameter of a GGUF file.
+class GGUFBlocks:
+    """The parameters of a GGUF file by HF name, read from the mapped file one tensor at a time.
 
-    The rows are uint8 [out, bytes per row] ([experts, out, bytes per row] for 3-D expert tensors) copies of the file's own blocks (q/k projections un-permuted
-    to HF order like the float weights; a row permutation moves whole rows of blocks, so it is exact),
-    for the types `--quantization auto` packs without loss (gguf_formats.EXACT_TYPES). Other types map to
-    (type name, None): the caller decides what to do with their float weights.
+    Nothing is read at construction (beyond the checked tensor plan): `rows(name)` is a view of the file's
+    own block rows, uint8 [out, bytes per row] ([experts, out, bytes per row] for 3-D expert tensors), copied
+    only where llama.cpp permuted the rows of a q/k projection (un-permuted to HF order: a row permutation
+    moves whole rows of blocks, so it is exact); `dense(name)` is one tensor dequantised to float32. The
+    planner turns rows into the kernels' layout tensor by tensor, so a model is never held as float32 or
+    as a second copy of the file (what issue 40 measured: an 8B file grew to 30 GiB of float32 on load).
     """
-    f = open_gguf(path)
-    out: dict[str, tuple[str, torch.Tensor | None]] = {}
-    for gguf_name, hf_name, heads in _tensor_plan(f):
-        tensor = f.tensors[gguf_name]
-        qtype = tensor.tensor_type.name
-        shape = f.hf_shape(gguf_name)
-        if qtype not in EXACT_TYPES or len(shape) not in (2, 3):
-            out[hf_name] = (qtype, None)
-            continue
-        # a copy: the memmap is read-only, and the kernels' layout is derived from these rows; a MoE
-        # layer's stacked experts keep their leading expert dimension ([experts, out, row bytes])
-        rows = torch.from_numpy(np.array(tensor.data).reshape(*shape[:-1], -1))
-        out[hf_name] = (qtype, rows if heads is None else unpermute_rows(rows, heads))
-    return out
 
+    def __init__(self, path: str) -> None:
+        self.file = open_gguf(path, light=True)  # the vocabulary is the tokenizer's business
+        self._plan = {hf: (gguf_name, heads) for gguf_name, hf, heads in _tensor_plan(self.file)}
+
+    def __contains__(self, hf_name: object) -> bool:
+        return hf_name in self._plan
+
+    def names(self) -> list[str]:
+        return list(self._plan)
+
+    def qtype(self, hf_name: str) -> str:
+        """The ggml type name of parameter `hf_name` (e.g. "Q4_K")."""
+        return self.file.tensors[self._plan[hf_name][0]].tensor_type.name
+
+    def shape(self, hf_name: str) -> tuple[int, ...]:
+        return self.file.hf_shape(self._plan[hf_name][0])
+
+    def exact(self, hf_name: str) -> bool:
+        """Whether its blocks become a kernel kind without loss (gguf_formats.EXACT_TYPES) as a 2-D or 3-D
+        matrix: what `--quantization auto` keeps packed."""
+        return self.qtype(hf_name) in EXACT_TYPES and len(self.shape(hf_name)) in (2, 3)
+
+    def nbytes(self, hf_name: str) -> int:
+        return int(self.file.tensors[self._plan[hf_name][0]].n_bytes)
+
+    def rows(self, hf_name: str) -> np.ndarray:
+        """The file's block rows of `hf_name` (a read-only view of the mapped file unless un-permuted)."""
+        gguf_name, heads = self._plan[hf_name]
+        tensor = self.file.tensors[gguf_name]
+        shape = self.file.hf_shape(gguf_name)
+        raw = np.asarray(tensor.data).reshape(*shape[:-1], -1)
+        if heads is None:
+            return raw
+        return unpermute_rows(torch.from_numpy(np.array(raw)), heads).numpy()
+
+    def dense(self, hf_name: str) -> torch.Tensor:
+        """Parameter `hf_name` as float32 in HF order, as iterate_gguf_weights yields it."""
+        gguf_name, heads = self._plan[hf_name]
+        return next(_stream(self.file, [(gguf_name, hf_name, heads)], gguf_record(self.file).norm_offset))[1]

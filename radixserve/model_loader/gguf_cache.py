@@ -1,11 +1,13 @@
-"""On-disk cache of what a GGUF file takes seconds to derive: its config, fast tokenizer and float32 weights.
+"""On-disk cache of what a GGUF file takes seconds to derive and is small: its config and fast tokenizer.
 
-gguf's reader walks ~98k vocabulary strings (~6 s for the default model), building the tokenizer from
-its metadata takes ~2 s (~6 s for Gemma 3's 262k pieces) and dequantising takes ~6 s more, in every process that serves a model.
+gguf's reader walks ~98k vocabulary strings (~6 s for the default model) and building the tokenizer from
+its metadata takes ~2 s (~6 s for Gemma 3's 262k pieces), in every process that serves a model.
 So `$RADIXSERVE_CACHE_DIR/gguf/<key>/` (default `~/.cache/radixserve`) keeps `config.json` (the HF-style
-config dict: ModelConfig and any context_length override are rebuilt from it by the uncached code),
-`tokenizer/` (`save_pretrained` output, chat template included) and `weights.safetensors` (the tensors
-exactly as the GGUF loader yields them). The key hashes the file's real path, size and mtime,
+config dict: ModelConfig and any context_length override are rebuilt from it by the uncached code) and
+`tokenizer/` (`save_pretrained` output, chat template included): a few MB, never more than the file.
+Weights are not cached: the low-bit path reads the mapped file's blocks straight into the kernels'
+layout (model_loader/gguf.py: GGUFBlocks), and a float32 copy would be ~7x a Q4 file (CACHE_VERSION 2
+kept one; the sweep deletes what is left of it). The key hashes the file's real path, size and mtime,
 CACHE_VERSION and the converting libraries' versions, so a changed file or converter misses. Artefacts
 are written only after the GGUF validated, under a temporary name then renamed into place; anything
 unreadable counts as a miss and is rebuilt. `RADIXSERVE_NO_GGUF_CACHE=1` turns the cache off.
@@ -22,13 +24,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import torch
-
-from radixserve.model_loader.safetensors_stream import Layout, read_ordered, tee_to_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -37,18 +34,17 @@ logger = logging.getLogger(__name__)
 
 # Bump whenever what the loader derives from a GGUF changes (names, q/k un-permutation, dequantisation,
 # config translation, tokenizer fix-ups): old entries then stop matching.
-CACHE_VERSION = 2  # 2: the tokenizer is built from the metadata, not by transformers
+CACHE_VERSION = 3  # 2: the tokenizer is built from the metadata; 3: no float32 weights
 
 CACHE_DIR_ENV = "RADIXSERVE_CACHE_DIR"
 DISABLE_ENV = "RADIXSERVE_NO_GGUF_CACHE"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
-WEIGHTS_FILE = "weights.safetensors"
+LEGACY_WEIGHTS_FILE = "weights.safetensors"  # CACHE_VERSION <= 2's float32 weights: swept
 _TOKENIZER_CLASS_FILE = "radixserve_class.json"  # [module, class name] of the saved tokenizer
 SOURCE_FILE = "source.json"  # which GGUF an entry belongs to, for sweeping dead entries
 _TMP_PREFIX = ".tmp-"  # every temporary name starts with this
 _STALE_TMP_S = 3600.0  # a temporary this old is a crashed writer's, not a live one's
-_MIN_FREE_BYTES = 2 << 30  # disk space the weights cache leaves free
 _CONVERTERS = ("gguf", "transformers", "tokenizers")  # a new version of these may convert differently
 
 
@@ -190,39 +186,6 @@ def save_tokenizer(entry: CacheEntry, tokenizer: PreTrainedTokenizerBase) -> Non
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-# --- weights --------------------------------------------------------------------------------------
-
-
-def cached_weights(
-    entry: CacheEntry, keep: Callable[[str], bool] | None = None
-) -> Iterator[tuple[str, torch.Tensor]] | None:
-    """A lazy stream of the cached tensors in the loader's order (those `keep` accepts); None when absent,
-    truncated or damaged."""
-    return read_ordered(entry.file(WEIGHTS_FILE), keep)
-
-
-def write_weights_through(
-    entry: CacheEntry, layout: Layout, stream: Iterator[tuple[str, torch.Tensor]]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `stream` unchanged while caching it; the file lands only if the stream runs to its end.
-
-    `layout` lists every (name, shape) the stream will yield, so tensors are written as they go by and
-    the model is never held in memory twice.
-    """
-    try:
-        _prepare(entry)
-        needed = sum(4 * int(torch.Size(shape).numel()) for _, shape in layout)
-        free = shutil.disk_usage(entry.folder).free
-        if needed + _MIN_FREE_BYTES > free:  # float32 is ~8x a Q4 file: never fill the disk for speed
-            logger.warning("not caching %d MB of weights in %s: only %d MB free", needed >> 20,
-                           entry.folder, free >> 20)  # fmt: skip
-            return stream
-    except OSError as exc:
-        logger.warning("could not cache weights in %s: %s", entry.folder, exc)
-        return stream
-    return tee_to_file(entry.file(WEIGHTS_FILE), layout, stream, tmp_prefix=_TMP_PREFIX)
-
-
 # --- housekeeping ---------------------------------------------------------------------------------
 
 
@@ -258,7 +221,13 @@ def _sweep_dead_entries(root: str, keep: str) -> None:
     """
     for name in os.listdir(root):
         folder = os.path.join(root, name)
-        if folder == keep or name.startswith(_TMP_PREFIX):
+        if name.startswith(_TMP_PREFIX):
+            continue
+        try:  # an old version's float32 weights: up to ~7x the file, never read again
+            os.unlink(os.path.join(folder, LEGACY_WEIGHTS_FILE))
+        except OSError:
+            pass
+        if folder == keep:
             continue
         try:  # an entry with no source record yet may be one another process is creating right now
             with open(os.path.join(folder, SOURCE_FILE), encoding="utf-8") as fh:

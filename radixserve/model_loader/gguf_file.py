@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from gguf import GGMLQuantizationType as QType
 from radixserve.layers.quantization.gguf_formats import SUPPORTED_TENSOR_TYPES
 
 _MISSING = object()
+_LIGHT_ARRAY_MIN = 256  # arrays longer than this are skipped unread by a light parse (open_gguf(light=True))
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,11 @@ class GGUFFile:
     def array_len(self, key: str) -> int | None:
         """Length of an array-valued metadata entry without decoding it (None when absent)."""
         fld = self.reader.fields.get(key)
-        return None if fld is None else len(fld.data)
+        if fld is None:
+            return None
+        if fld.types and fld.types[0] == gguf.GGUFValueType.ARRAY:
+            return int(fld.parts[1][0])  # the stored length (a light parse leaves the values unread)
+        return len(fld.data)
 
     def hf_shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape in PyTorch order (ggml lists dimensions innermost-first)."""
@@ -80,10 +86,12 @@ def unsupported_type_message(path: str, name: str, qtype: QType | int) -> str:
     return f"GGUF tensor {name!r} in {path} has unsupported type {type_name} (supported: {supported})"
 
 
-def open_gguf(path: str) -> GGUFFile:
+def open_gguf(path: str, light: bool = False) -> GGUFFile:
     """Parse (or fetch from the cache) the GGUF file at `path`.
 
-    The cache key includes the file's size and mtime so a file rewritten in place is re-read.
+    The cache key includes the file's size and mtime so a file rewritten in place is re-read. `light`: the
+    tensors and the short metadata only, long arrays (the vocabulary) stepped over unread (what loading the
+    weights needs: milliseconds and a few MB where the full parse of a 49k-token vocabulary takes seconds and ~150 MB).
     Raises ValueError when the file is truncated, corrupt or not GGUF at all.
     """
     real = os.path.realpath(path)
@@ -91,15 +99,15 @@ def open_gguf(path: str) -> GGUFFile:
         stat = os.stat(real)
     except OSError as exc:
         raise ValueError(f"cannot read GGUF file {path}: {exc}") from exc
-    return _open_cached(real, stat.st_mtime_ns, stat.st_size)
+    return _open_cached(real, stat.st_mtime_ns, stat.st_size, light)
 
 
 @functools.lru_cache(maxsize=4)
-def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
+def _open_cached(path: str, mtime_ns: int, size: int, light: bool = False) -> GGUFFile:
     del mtime_ns  # only part of the cache key
     bad_file = f"{path} is truncated or not a GGUF file"
     try:
-        reader = _CheckedReader(path)
+        reader = _CheckedReader(path, light)
     except _BadTensor as exc:
         raise ValueError(f"{path} is corrupt: {exc}") from exc
     except Exception as exc:  # gguf raises ValueError/IndexError/struct errors depending on where it stops
@@ -131,6 +139,36 @@ class _BadTensor(ValueError):
 class _CheckedReader(gguf.GGUFReader):
     """gguf's reader, with each tensor record checked first so a bad one is named (gguf's own errors, e.g.
     "99 is not a valid GGMLQuantizationType", do not say which tensor)."""
+
+    def __init__(self, path: str, light: bool = False) -> None:
+        self.light = light
+        super().__init__(path)
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[Any], list[int], list[Any]]:
+        """light: a long array (the vocabulary's ~50k-260k strings, scores, types) is stepped over by its lengths
+        alone, its values left unread: gguf builds two numpy arrays per string (~150 MB and ~3 s for the default
+        model's 98k), which loading the weights never needs. Its field then holds no values."""
+        if not self.light or raw_type != gguf.GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        itype = int(self._get(orig_offs, np.uint32)[0])
+        alen = int(self._get(orig_offs + 4, np.uint64)[0])
+        if alen <= _LIGHT_ARRAY_MIN:
+            return super()._get_field_parts(orig_offs, raw_type)
+        offs = orig_offs + 12
+        if itype == gguf.GGUFValueType.STRING:
+            u64 = struct.Struct("<Q" if self.byte_order == "I" else ">Q")
+            buf = self.data
+            for _ in range(alen):
+                offs += 8 + u64.unpack_from(buf, offs)[0]
+        else:
+            nptype = self.gguf_scalar_to_np.get(gguf.GGUFValueType(itype))
+            if nptype is None:  # an array of arrays: gguf's own walk
+                return super()._get_field_parts(orig_offs, raw_type)
+            offs += alen * np.dtype(nptype).itemsize
+        if offs > len(self.data):
+            raise ValueError(f"an array of {alen} values runs past the end of the file")
+        parts = [self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)]
+        return offs - orig_offs, parts, [], [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType(itype)]
 
     def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
         for fld in fields:

@@ -109,18 +109,25 @@ def test_low_bit_shards_are_the_float_shards(default_model_path) -> None:
     boundaries) and vocabulary-parallel (the tied LM head). Built in-process: loading needs no group."""
     from radixserve.distributed.parallel_state import ParallelState
     from radixserve.layers.linear import PackableLinear
-    from radixserve.layers.quantization.plan import quantize_model
     from radixserve.model_loader import get_model_config, iterate_weights
-    from radixserve.model_loader.gguf import gguf_tensor_blocks
+    from radixserve.model_loader.gguf_loader import load_gguf_low_bit
     from radixserve.models.registry import get_model_class
 
     cfg = get_model_config(default_model_path)
-    blocks = gguf_tensor_blocks(default_model_path)
     for rank in (0, 2):
-        model = get_model_class(cfg.architecture)(cfg, ParallelState(tp_rank=rank, tp_size=3))
-        model.load_weights(iterate_weights(default_model_path))
-        report = quantize_model(model, "auto", model.checkpoint_sources, lambda m: m.weight, blocks)
+        ps = ParallelState(tp_rank=rank, tp_size=3)
+        floats = get_model_class(cfg.architecture)(cfg, ps)
+        floats.load_weights(iterate_weights(default_model_path))
+        float_mods = dict(floats.named_modules())
+        # the mapped path: each rank's blocks cut straight from the file, its float weights never loaded
+        model = get_model_class(cfg.architecture)(cfg, ps)
+        report = load_gguf_low_bit(model, default_model_path, "auto", None, None)
         assert report.counts == {"Q4_1": 4 * 30, "Q8_0": 1} and not report.requantized
+        emb, femb = model.model.embed_tokens, floats.model.embed_tokens
+        local = torch.arange(emb.blocks.shape[0])  # this rank's vocabulary rows, read in place from the file
+        assert emb.weight is None and torch.equal(emb._lookup(local), femb.weight[: len(local)])
         for name, mod in model.named_modules():
             if isinstance(mod, PackableLinear):
-                assert torch.equal(mod.qweight.dequantize(), mod.weight), (rank, name)
+                assert mod.weight is None
+                want = float_mods[name].weight
+                assert torch.equal(mod.qweight.dequantize(), want), (rank, name)

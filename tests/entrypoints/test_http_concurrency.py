@@ -123,7 +123,13 @@ def test_disconnected_streams_free_their_kv(server, http) -> None:
     assert info["num_used_tokens"] == 0  # nothing held beyond the radix cache
     flushed = http.post("/flush_cache")
     assert flushed.status_code == 200, flushed.text
-    assert http.get("/get_server_info").json()["num_cached_tokens"] == 0
+    info = http.get("/get_server_info").json()
+    assert info["num_cached_tokens"] == 0
+    # the memory budget, part by part (model_executor/memory_budget.py): the KV pool is the one the server runs
+    mem = info["memory_budget"]
+    assert mem["kv_pool_tokens"] == info["max_total_num_tokens"] and mem["weights_bytes"] > 0
+    assert mem["weights_bytes"] + mem["float_copy_bytes"] + mem["activations_bytes"] + mem["kv_pool_bytes"] \
+        <= mem["budget_bytes"] <= mem["available_bytes"]
     # and the server still answers
     r = http.post("/v1/chat/completions", json=_chat_body("Hi", False, 2))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1

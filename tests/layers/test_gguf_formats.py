@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS, SUPPORTED_TENSOR_TYPES
@@ -135,3 +135,90 @@ def test_a_real_q4_k_m_file_converts_bit_for_bit() -> None:
         raw = np.array(t.data).reshape(int(t.shape[1]), -1)[:64]  # 64 rows of each: enough, and quick
         assert torch.equal(FORMATS[name].rows(raw, t.name).dequantize(), reference(name, raw)), t.name
     assert {"Q4_K", "Q6_K", "Q5_0", "Q8_0"} <= set(seen)
+
+
+class _Blocks:
+    """A BlockSource over in-memory raw rows (the planner reads the mapped file's through the same calls)."""
+
+    def __init__(self, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+        self.tensors = tensors
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def qtype(self, name: str) -> str:
+        return self.tensors[name][0]
+
+    def exact(self, name: str) -> bool:
+        return True
+
+    def rows(self, name: str) -> np.ndarray:
+        return self.tensors[name][1]
+
+
+class _Cut:
+    """A layer's quant_cut: column-parallel (rows), row-parallel (columns in whole 32-blocks) or a padded
+    vocabulary slice."""
+
+    def __init__(self, dim: int, start: int, length: int, padded: int | None) -> None:
+        self.cut = (dim, start, length, padded)
+
+    def quant_cut(self, shard_id: object, rows: int) -> tuple[int, int, int, int]:
+        dim, start, length, padded = self.cut
+        if dim == 1:
+            return 1, start, length, rows
+        return 0, start, min(length, rows - start), padded or min(length, rows - start)
+
+
+@settings(max_examples=60, deadline=None)
+# the cases that cross chunk boundaries for sure: a padded vocabulary slice, a K cut inside a 256-block, three
+# stacked sources (q/k/v) whose boundaries fall inside a chunk
+@example(types=["Q6_K"], rows=[30, 5, 5], blocks=1, step=8, cut="vocab", seed=1)
+@example(types=["Q4_K", "Q6_K"], rows=[21, 13, 5], blocks=1, step=8, cut="cols", seed=2)
+@example(types=["Q4_K", "Q4_K", "Q6_K"], rows=[19, 11, 27], blocks=2, step=16, cut="rows", seed=3)
+@example(types=["Q4_0", "Q8_0", "Q5_1"], rows=[40, 40, 40], blocks=1, step=24, cut="none", seed=4)
+@given(types=st.lists(st.sampled_from(sorted(EXACT_TYPES)), min_size=1, max_size=3),
+       rows=st.lists(st.integers(1, 40), min_size=3, max_size=3), blocks=st.integers(1, 2),
+       step=st.sampled_from([8, 16, 24, 4096]), cut=st.sampled_from(["none", "rows", "cols", "vocab"]),
+       seed=st.integers(0, 2**31))
+def test_chunked_packing_equals_packing_the_whole_matrix(types, rows, blocks, step, cut, seed) -> None:
+    """The loader packs a projection's stacked sources PACK_ROWS rows at a time straight from the file's rows
+    (plan._pack_exact); the result is bit for bit the old whole-matrix path: every source converted whole, cut
+    for the rank, promoted to the join and packed at once, whatever the types, row counts, cut and step."""
+    from radixserve.layers.quantization import plan
+
+    k = blocks * 256  # whole super-blocks, so every type fits
+    srcs = [(f"t{i}", i) for i in range(len(types))]
+    tensors = {s: (qt, random_blocks(qt, rows[i], k // FORMATS[qt].block_size, seed + i))
+               for i, (qt, (s, _)) in enumerate(zip(types, srcs))}
+    if cut == "rows":
+        start = min(rows) // 3
+        layer = _Cut(0, start, max(1, min(rows) - start - 1), None)
+    elif cut == "cols":
+        layer = _Cut(1, 32 * (k // 64), k // 2, None)  # the second half: a cut inside a 256-block when k = 256
+    elif cut == "vocab":
+        srcs, types = srcs[:1], types[:1]
+        layer = _Cut(0, rows[0] // 2, rows[0], rows[0])  # the rank's rows run past the vocabulary: zero padding
+    else:
+        layer = _Cut(0, 0, 10**6, None)
+    fmts = [FORMATS[t] for t in types]
+    saved, plan.PACK_ROWS = plan.PACK_ROWS, step
+    try:
+        got = plan._pack_exact("layer", layer, fmts, srcs, _Blocks(tensors))
+    finally:
+        plan.PACK_ROWS = saved
+    parts = []
+    for f, (s, sid) in zip(fmts, srcs):
+        whole = f.rows(tensors[s][1], s)
+        dim, start, length, padded = layer.quant_cut(sid, whole.q.shape[0])
+        part = whole.narrow(dim, start, length)
+        parts.append(part.pad_rows(padded) if dim == 0 else part)
+    kind = join_kinds([p.kind for p in parts])
+    promoted = [p.promote(kind) for p in parts]
+    if any(p.factors is None for p in promoted):
+        promoted = [QuantRows(p.kind, p.q, p.d, p.m) for p in promoted]
+    want = QuantWeight.from_rows(QuantRows.cat(promoted))
+    assert (got.kind, got.n, got.k) == (want.kind, want.n, want.k)
+    for a, b in ((got.data, want.data), (got.d, want.d), (got.m, want.m)):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert torch.equal(got.dequantize(), want.dequantize())

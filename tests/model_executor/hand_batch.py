@@ -3,6 +3,8 @@ build ModelWorkerBatches explicitly (the scheduler's job, written out for execut
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from radixserve.mem_cache.request_slots import RequestSlots
@@ -63,9 +65,11 @@ class HandBatch:
         return self.r.forward_batch_generation(mwb)
 
     def all_logprobs(self, result) -> torch.Tensor:
-        """log-softmax at every computed position: [n_tokens, vocab]."""
+        """log-softmax at every computed position: [n_tokens, vocab], by the LM head kernels the runner's steps use
+        (a low-bit runner's tied LM head has no float copy: its embedding is read from the mapped file)."""
         model = self.r.model
-        logits = model.logits_processor.compute_logits(result.logits_output.hidden_states, model.lm_head)
+        step = SimpleNamespace(kernel_mode=self.r.kernel_mode)  # what step_kernels reads of a ForwardBatch
+        logits = model.logits_processor.compute_logits(result.logits_output.hidden_states, model.lm_head, step)
         return torch.log_softmax(logits.float(), dim=-1)
 
     @staticmethod

@@ -103,21 +103,22 @@ def test_tensor_parallel_shards_keep_the_files_values(mixed_file, rank) -> None:
     each rank's low-bit copy dequantises to the float shard it holds."""
     from radixserve.distributed.parallel_state import ParallelState
     from radixserve.layers.linear import PackableLinear
-    from radixserve.layers.quantization.plan import quantize_model
     from radixserve.model_loader import get_model_config, iterate_weights
-    from radixserve.model_loader.gguf import gguf_tensor_blocks
+    from radixserve.model_loader.gguf_loader import load_gguf_low_bit
     from radixserve.models.registry import get_model_class
 
     cfg = get_model_config(str(mixed_file))
-    model = get_model_class(cfg.architecture)(cfg, ParallelState(tp_rank=rank, tp_size=2))
-    model.load_weights(iterate_weights(str(mixed_file)))
-    report = quantize_model(model, "auto", model.checkpoint_sources, lambda m: m.weight,
-                            gguf_tensor_blocks(str(mixed_file)))
+    ps = ParallelState(tp_rank=rank, tp_size=2)
+    floats = get_model_class(cfg.architecture)(cfg, ps)
+    floats.load_weights(iterate_weights(str(mixed_file)))
+    float_mods = dict(floats.named_modules())
+    model = get_model_class(cfg.architecture)(cfg, ps)
+    report = load_gguf_low_bit(model, str(mixed_file), "auto", None, None)
     assert not report.requantized and sum(report.counts.values()) == 8
     checked = 0
     for name, mod in model.named_modules():
         if isinstance(mod, PackableLinear) and mod.qweight is not None:
-            assert torch.equal(mod.qweight.dequantize(), mod.weight), (rank, name)
+            assert mod.weight is None and torch.equal(mod.qweight.dequantize(), float_mods[name].weight), (rank, name)
             checked += 1
     assert checked == 8
 

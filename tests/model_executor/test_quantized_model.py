@@ -37,9 +37,13 @@ def test_auto_keeps_the_files_own_blocks(fast_runner, model_runner) -> None:
     assert fast_runner.quantization == "auto" and model_runner.quantization == "none"
     assert fast_runner.quant_report.counts == {"Q4_1": 4 * 30, "Q8_0": 1}  # 30 layers x 4 projections, LM head
     assert not fast_runner.quant_report.requantized
-    # the tied LM head's Q8_0 copy is the file's token_embd exactly (the embedding is its dequantisation)
-    lm = fast_runner.model.lm_head
-    assert torch.equal(lm.qweight.dequantize(), fast_runner.model.model.embed_tokens.weight)
+    # the tied LM head's Q8_0 copy is the file's token_embd exactly (the exact mode's embedding is its
+    # dequantisation), and the mapped embedding looks up the same rows without a float copy of the matrix
+    lm, emb = fast_runner.model.lm_head, fast_runner.model.model.embed_tokens
+    assert torch.equal(lm.qweight.dequantize(), model_runner.model.model.embed_tokens.weight)
+    assert emb.weight is None and emb.blocks is not None
+    ids = torch.tensor([0, 1, 2, 17, 4000, fast_runner.model_config.vocab_size - 1, 17])
+    assert torch.equal(emb(ids), model_runner.model.model.embed_tokens(ids))
     from radixserve.model_loader import iterate_weights
 
     want = dict(iterate_weights(fast_runner.model_path))

@@ -1,19 +1,18 @@
-"""The on-disk GGUF cache on tiny models: built on first use, read back instead of the GGUF, never trusted
-blindly, never in the way of the GGUF's own errors.
+"""The on-disk GGUF cache on tiny models: the config and tokenizer are built on first use, read back
+instead of the GGUF, never trusted blindly, never in the way of the GGUF's own errors; weights are never
+cached (the entry stays smaller than the file) and what an older version cached of them is swept.
 
 Each test gets its own cache folder (`gguf_cache_dir`). The in-process lru caches are keyed by (real
 path, mtime, size) and every tiny model is a fresh file, so they cannot carry results between tests;
-they are not cleared, since other modules share the default model's parsed GGUF through them.
+they are not cleared, since other modules share the default model's parsed GGUF through them. Reading a
+tokenizer back from the disk cache goes through `load_gguf_tokenizer`, which skips the lru cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -25,6 +24,7 @@ from radixserve.model_loader import get_model_config, get_tokenizer, gguf_cache,
 from radixserve.model_loader import gguf as gguf_loader
 
 QT = gguf.GGMLQuantizationType
+TT = gguf.TokenType
 
 pytestmark = pytest.mark.usefixtures("gguf_cache_dir")
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("gguf_cache_dir")
 def _forbid_gguf_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make any read of the GGUF itself fail, so a passing load must have come from the cache."""
 
-    def boom(*args: object) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("the GGUF was parsed although the cache should have answered")
 
     monkeypatch.setattr(gguf_loader, "open_gguf", boom)
@@ -50,17 +50,77 @@ def _entries(gguf_cache_dir: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) if root.exists() else []
 
 
+def _tree_bytes(folder: str) -> int:
+    """Total size of every file under `folder`."""
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(folder) for n in names)
+
+
+def _files_named(root: Path, name: str) -> list[Path]:
+    return sorted(root.rglob(name)) if root.exists() else []
+
+
 def _q8(name: str, x: np.ndarray) -> tuple[np.ndarray, QT]:
     return gguf.quants.quantize(x, QT.Q8_0), QT.Q8_0
 
 
-def test_first_load_builds_the_cache_and_the_second_reads_it(tiny_gguf, monkeypatch, gguf_cache_dir) -> None:
-    m = tiny_gguf(encode=_q8, tied=False)
+# A byte-level BPE vocabulary as large as the tiny model's (96): three control tokens, the printable
+# ASCII characters "!".."y", the byte alphabet's space, and three merged tokens.
+_TOKENS = ["<unk>", "<s>", "</s>", *(chr(c) for c in range(33, 122)), "Ġ", "ab", "cd", "abcd"]
+_VOCAB = {
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.tokens": _TOKENS,
+    "tokenizer.ggml.token_type": [int(TT.CONTROL)] * 3 + [int(TT.NORMAL)] * (len(_TOKENS) - 3),
+    "tokenizer.ggml.merges": ["a b", "c d", "ab cd"],
+    "tokenizer.chat_template": "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}",
+}
+_TEXTS = ["abcd", "abcd abc dcba", "Hello, world!", "<s>hi</s> x"]
+
+
+
+def _get_tokenizer(path: str):
+    """get_tokenizer without its per-process lru cache (4 files): these tests load many small files, which would
+    evict the session's default-model tokenizer that other tests expect to get back as the same object."""
+    from radixserve.model_loader import gguf as gguf_loader
+    from radixserve.model_loader.chat_template import with_chat_template
+
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    return with_chat_template(gguf_loader._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size), None)
+
+def _tiny_with_vocab(tiny_gguf, monkeypatch: pytest.MonkeyPatch, **fields) -> object:
+    """A tiny model whose file also holds a tokenizer (`_VOCAB`): the fixture writes every metadata value that
+    is not a number as a string, so its lists are routed to `add_array` while it writes."""
+    assert len(_TOKENS) == 96  # the tiny model's vocabulary size
+    real = gguf.GGUFWriter.add_string
+
+    def add(self, key: str, value: object) -> None:
+        self.add_array(key, value) if isinstance(value, list) else real(self, key, value)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_string", add)
+        return tiny_gguf(metadata=_VOCAB, **fields)
+
+
+def _describe(tok) -> dict:
+    return {
+        "class": type(tok).__name__, "fast": tok.is_fast, "len": len(tok), "vocab": tok.get_vocab(),
+        "ids": [tok.encode(t) for t in _TEXTS], "decoded": [tok.decode(tok.encode(t)) for t in _TEXTS],
+        "specials": [tok.all_special_tokens, tok.all_special_ids, tok.bos_token, tok.eos_token],
+        "chat": tok.apply_chat_template([{"role": "user", "content": "abcd"}], tokenize=False),
+        "name_or_path": tok.name_or_path,
+    }  # fmt: skip
+
+
+def test_first_load_builds_the_cache_and_the_second_reads_it(
+    tiny_gguf, monkeypatch, gguf_cache_dir, load_gguf_tokenizer
+) -> None:
+    m = _tiny_with_vocab(tiny_gguf, monkeypatch, tied=False)
     cold_cfg = get_model_config(str(m.path))
-    cold = list(iterate_weights(str(m.path)))
+    cold_tok = _describe(_get_tokenizer(str(m.path)))
+    assert cold_tok["ids"][0] == [_TOKENS.index("abcd")] and cold_tok["len"] == 96  # the vocabulary is used
     entry = _entry(m.path)
     assert os.path.isfile(entry.file(gguf_cache.CONFIG_FILE))
-    assert os.path.isfile(entry.file(gguf_cache.WEIGHTS_FILE))
+    assert os.path.isdir(entry.file(gguf_cache.TOKENIZER_DIR))
     assert _entries(gguf_cache_dir) == [os.path.basename(entry.folder)]
 
     _forbid_gguf_parsing(monkeypatch)
@@ -70,13 +130,8 @@ def test_first_load_builds_the_cache_and_the_second_reads_it(tiny_gguf, monkeypa
     assert get_model_config(str(m.path), context_length=100) == dataclasses.replace(cold_cfg, context_len=100)
     with pytest.raises(ValueError, match="context length must be positive"):
         get_model_config(str(m.path), context_length=0)
-    warm = list(iterate_weights(str(m.path)))
-    assert [name for name, _ in warm] == [name for name, _ in cold]
-    for (name, a), (_, b) in zip(cold, warm):
-        assert b.dtype == torch.float32 and b.shape == a.shape, name
-        assert torch.equal(a, b), name  # bit-identical, q/k un-permutation included
-    warm[0][1].add_(1.0)  # yielded tensors belong to the caller: this must not touch the cache
-    assert torch.equal(next(iter(iterate_weights(str(m.path))))[1], cold[0][1])
+    warm_tok = load_gguf_tokenizer(str(m.path))
+    assert _describe(warm_tok) == cold_tok
 
 
 @pytest.mark.parametrize(
@@ -99,6 +154,62 @@ def test_cached_configs_equal_uncached_ones(tiny_gguf, monkeypatch, fields: dict
     assert get_model_config(str(m.path)) == uncached
 
 
+def test_weights_are_never_cached_and_the_entry_stays_smaller_than_the_file(
+    tiny_gguf, monkeypatch, gguf_cache_dir
+) -> None:
+    """Issue: the on-disk cache must never be larger than the file (a float32 copy of a Q8 file is ~4x it)."""
+    m = _tiny_with_vocab(tiny_gguf, monkeypatch, encode=_q8, tied=False)
+    get_model_config(str(m.path))
+    _get_tokenizer(str(m.path))
+    cold = list(iterate_weights(str(m.path)))
+    assert len(cold) == len(m.hf_weights)
+    entry = _entry(m.path)
+    assert os.path.isdir(entry.file(gguf_cache.TOKENIZER_DIR)) and os.path.isfile(entry.file(gguf_cache.CONFIG_FILE))
+    assert not os.path.exists(entry.file(gguf_cache.LEGACY_WEIGHTS_FILE))
+    assert _files_named(gguf_cache_dir, "*.safetensors") == []
+    float32_bytes = sum(w.numel() * 4 for _, w in cold)
+    assert float32_bytes > os.path.getsize(m.path)  # so a weights cache could not pass the next check
+    assert 0 < _tree_bytes(entry.folder) <= os.path.getsize(m.path)
+    assert _tree_bytes(str(gguf_cache_dir)) <= os.path.getsize(m.path)
+    # The weights come from the file every time, and still the same ones.
+    parses: list[str] = []
+    real_open = gguf_loader.open_gguf
+    monkeypatch.setattr(gguf_loader, "open_gguf", lambda path, **kw: parses.append(path) or real_open(path, **kw))
+    again = list(iterate_weights(str(m.path)))
+    assert parses
+    assert [n for n, _ in again] == [n for n, _ in cold]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(cold, again, strict=True))
+    assert _tree_bytes(entry.folder) <= os.path.getsize(m.path)
+
+
+def test_legacy_weights_files_are_swept_when_an_entry_is_made(tiny_gguf, gguf_cache_dir) -> None:
+    a, b = tiny_gguf(tied=False), tiny_gguf(rope_theta=20000.0)
+    get_model_config(str(a.path))
+    get_model_config(str(b.path))
+    entry_a, entry_b = _entry(a.path), _entry(b.path)
+    # What CACHE_VERSION 2 would have left: a sound safetensors file of wrong weights, and junk.
+    legacy_a = Path(entry_a.file(gguf_cache.LEGACY_WEIGHTS_FILE))
+    legacy_b = Path(entry_b.file(gguf_cache.LEGACY_WEIGHTS_FILE))
+    safetensors.torch.save_file({name: torch.zeros(w.shape) for name, w in a.hf_weights.items()}, str(legacy_a))
+    legacy_b.write_bytes(b"\x00junk" * 1000)
+    # Nothing reads them: the weights come from the file.
+    present = dict(iterate_weights(str(a.path)))
+    for name, w in a.hf_weights.items():
+        assert torch.equal(present[name], torch.from_numpy(w)), name
+    assert legacy_a.exists() and legacy_b.exists()
+
+    c = tiny_gguf(rope_theta=30000.0)
+    get_model_config(str(c.path))  # creates c's entry, sweeping the cache root
+    assert not legacy_a.exists() and not legacy_b.exists()
+    assert _files_named(gguf_cache_dir, gguf_cache.LEGACY_WEIGHTS_FILE) == []
+    # The entries of files that still exist are kept, artefacts and all.
+    assert _entries(gguf_cache_dir) == sorted(os.path.basename(_entry(x.path).folder) for x in (a, b, c))
+    assert os.path.isfile(entry_a.file(gguf_cache.CONFIG_FILE)) and os.path.isfile(entry_b.file(gguf_cache.CONFIG_FILE))
+    cold = dict(iterate_weights(str(a.path)))
+    assert cold.keys() == present.keys()
+    assert all(torch.equal(cold[name], present[name]) for name in present)
+
+
 def _bump_mtime(path: Path, seconds: int = 1) -> None:
     stat = os.stat(path)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + seconds * 1_000_000_000))
@@ -108,9 +219,9 @@ def _count_gguf_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real_open = gguf_loader.open_gguf
 
-    def spy(path: str) -> object:
+    def spy(path: str, **kwargs: object) -> object:
         calls.append(path)
-        return real_open(path)
+        return real_open(path, **kwargs)
 
     monkeypatch.setattr(gguf_loader, "open_gguf", spy)
     return calls
@@ -144,32 +255,6 @@ def test_a_rewritten_file_misses_and_its_dead_entry_is_swept(tiny_gguf, gguf_cac
     assert _entries(gguf_cache_dir) == [os.path.basename(_entry(m.path).folder)]
 
 
-def _truncate(path: Path) -> None:
-    with open(path, "r+b") as fh:
-        fh.truncate(path.stat().st_size // 2)
-
-
-def _foreign(path: Path) -> None:
-    # A sound safetensors file, but not one we wrote: no recorded order, one tensor only.
-    safetensors.torch.save_file({"model.norm.weight": torch.zeros(64)}, str(path))
-
-
-@pytest.mark.parametrize("damage", [_truncate, _foreign])
-def test_a_damaged_weights_cache_is_rebuilt(tiny_gguf, monkeypatch, damage) -> None:
-    m = tiny_gguf(encode=_q8)
-    cold = list(iterate_weights(str(m.path)))
-    weights = Path(_entry(m.path).file(gguf_cache.WEIGHTS_FILE))
-    size = weights.stat().st_size
-    damage(weights)
-    parses = _count_gguf_parses(monkeypatch)
-    rebuilt = list(iterate_weights(str(m.path)))
-    assert parses, "a damaged cache must not be trusted"
-    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(cold, rebuilt, strict=True))
-    assert weights.stat().st_size == size  # rewritten whole
-    _forbid_gguf_parsing(monkeypatch)
-    assert len(list(iterate_weights(str(m.path)))) == len(cold)
-
-
 @pytest.mark.parametrize("garbage", [b"", b"{not json", b'{"hf_config": 3}'])
 def test_a_corrupt_config_cache_is_rebuilt(tiny_gguf, monkeypatch, garbage: bytes) -> None:
     m = tiny_gguf()
@@ -180,91 +265,65 @@ def test_a_corrupt_config_cache_is_rebuilt(tiny_gguf, monkeypatch, garbage: byte
     assert get_model_config(str(m.path)) == cfg
 
 
-def test_an_abandoned_weight_stream_caches_nothing(tiny_gguf, monkeypatch) -> None:
-    m = tiny_gguf()
-    stream = iterate_weights(str(m.path))
-    next(stream)
-    next(stream)
-    stream.close()  # the consumer stopped half way (or crashed)
-    entry = _entry(m.path)
-    assert not os.path.exists(entry.file(gguf_cache.WEIGHTS_FILE))
-    assert [n for n in os.listdir(entry.folder) if n.startswith(".")] == []  # no temporary left behind
+def test_a_damaged_tokenizer_cache_is_rebuilt(tiny_gguf, monkeypatch, load_gguf_tokenizer) -> None:
+    m = _tiny_with_vocab(tiny_gguf, monkeypatch)
+    cold = _describe(_get_tokenizer(str(m.path)))
+    folder = Path(_entry(m.path).file(gguf_cache.TOKENIZER_DIR))
+    (folder / "tokenizer.json").write_text("{")
     parses = _count_gguf_parses(monkeypatch)
-    list(iterate_weights(str(m.path)))
-    assert parses and os.path.isfile(entry.file(gguf_cache.WEIGHTS_FILE))
-
-
-def test_a_writer_killed_mid_stream_leaves_nothing_that_loads(tiny_gguf, monkeypatch) -> None:
-    m = tiny_gguf(encode=_q8)
-    # A process that dies after two tensors with no cleanup at all, as in a crash.
-    child = "import os, sys; from radixserve.model_loader import iterate_weights as load\n"
-    child += "stream = load(sys.argv[1]); next(stream); next(stream); os._exit(3)"
-    proc = subprocess.run(
-        [sys.executable, "-c", child, str(m.path)], capture_output=True, text=True, check=False
-    )
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    entry = _entry(m.path)
-    assert not os.path.exists(entry.file(gguf_cache.WEIGHTS_FILE))
-    assert [n for n in os.listdir(entry.folder) if n.startswith(".tmp-")]  # its debris, never read
-    parses = _count_gguf_parses(monkeypatch)
-    weights = dict(iterate_weights(str(m.path)))
-    assert parses and os.path.isfile(entry.file(gguf_cache.WEIGHTS_FILE))
-    assert torch.equal(weights["model.norm.weight"], torch.from_numpy(m.hf_weights["model.norm.weight"]))
-
-
-def test_two_concurrent_builders_leave_one_sound_file(tiny_gguf, monkeypatch) -> None:
-    m = tiny_gguf(encode=_q8)
-    a, b = iterate_weights(str(m.path)), iterate_weights(str(m.path))
-    out_a = [pair_a for pair_a, _ in zip(a, b, strict=True)]  # interleaved, each writing its own temporary
+    assert _describe(load_gguf_tokenizer(str(m.path))) == cold
+    assert parses, "a damaged tokenizer cache must not be trusted"
     _forbid_gguf_parsing(monkeypatch)
-    warm = list(iterate_weights(str(m.path)))
-    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(out_a, warm, strict=True))
-    assert [n for n in os.listdir(_entry(m.path).folder) if n.startswith(".")] == []
+    assert _describe(load_gguf_tokenizer(str(m.path))) == cold  # and it was saved again
 
 
-def test_stale_temporaries_are_swept(tiny_gguf) -> None:
-    m = tiny_gguf()
+def test_stale_temporaries_are_swept(tiny_gguf, monkeypatch) -> None:
+    m = _tiny_with_vocab(tiny_gguf, monkeypatch)
     get_model_config(str(m.path))
     entry = _entry(m.path)
-    stale, fresh = Path(entry.folder, ".tmp-crashed.safetensors"), Path(entry.folder, ".tmp-live.safetensors")
-    stale.write_bytes(b"x" * 100)
-    fresh.write_bytes(b"x" * 100)
+    stale, fresh = Path(entry.folder, ".tmp-crashed.json"), Path(entry.folder, ".tmp-live.json")
+    stale_dir = Path(entry.folder, ".tmp-crashed-tokenizer")
+    stale_dir.mkdir()
+    (stale_dir / "tokenizer.json").write_bytes(b"x" * 100)
+    for path in (stale, fresh):
+        path.write_bytes(b"x" * 100)
     os.utime(stale, (0, 0))
-    list(iterate_weights(str(m.path)))  # a write into the entry tidies it first
-    assert not stale.exists() and fresh.exists()
+    os.utime(stale_dir, (0, 0))
+    _get_tokenizer(str(m.path))  # a write into the entry tidies it first
+    assert os.path.isdir(entry.file(gguf_cache.TOKENIZER_DIR))
+    assert not stale.exists() and not stale_dir.exists() and fresh.exists()
 
 
-def test_disabled_cache_writes_nothing(tiny_gguf, monkeypatch, gguf_cache_dir) -> None:
+def test_disabled_cache_writes_nothing(tiny_gguf, monkeypatch, gguf_cache_dir, load_gguf_tokenizer) -> None:
     monkeypatch.setenv(gguf_cache.DISABLE_ENV, "1")
-    m = tiny_gguf()
+    m = _tiny_with_vocab(tiny_gguf, monkeypatch)
     get_model_config(str(m.path))
+    _get_tokenizer(str(m.path))
     list(iterate_weights(str(m.path)))
     assert gguf_cache.cache_entry(str(m.path)) is None
     assert not gguf_cache_dir.exists()
     # ...and ignores what is there: build with the cache on, then read with it off.
     monkeypatch.delenv(gguf_cache.DISABLE_ENV)
-    list(iterate_weights(str(m.path)))
+    get_model_config(str(m.path))
+    load_gguf_tokenizer(str(m.path))
+    assert os.path.isdir(_entry(m.path).file(gguf_cache.TOKENIZER_DIR))
     monkeypatch.setenv(gguf_cache.DISABLE_ENV, "1")
     parses = _count_gguf_parses(monkeypatch)
-    list(iterate_weights(str(m.path)))
-    assert parses
-
-
-def test_weights_are_not_cached_onto_a_nearly_full_disk(tiny_gguf, monkeypatch) -> None:
-    m = tiny_gguf()
-    one_gib_free = SimpleNamespace(total=1 << 30, used=0, free=1 << 30)
-    monkeypatch.setattr(gguf_cache.shutil, "disk_usage", lambda path: one_gib_free)
-    assert len(list(iterate_weights(str(m.path)))) == len(m.hf_weights)
-    assert not os.path.exists(_entry(m.path).file(gguf_cache.WEIGHTS_FILE))
+    get_model_config(str(m.path))
+    assert len(parses) == 1
+    load_gguf_tokenizer(str(m.path))
+    assert len(parses) == 2
 
 
 def test_an_unwritable_cache_folder_only_costs_speed(tiny_gguf, monkeypatch, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_bytes(b"")
     monkeypatch.setenv(gguf_cache.CACHE_DIR_ENV, str(blocker))
-    m = tiny_gguf()
+    m = _tiny_with_vocab(tiny_gguf, monkeypatch)
     assert get_model_config(str(m.path)).architecture == "LlamaForCausalLM"
+    assert _get_tokenizer(str(m.path)).encode("abcd") == [_TOKENS.index("abcd")]
     assert len(list(iterate_weights(str(m.path)))) == len(m.hf_weights)
+    assert blocker.read_bytes() == b""
 
 
 def test_gguf_errors_still_raise_and_cache_nothing(tiny_gguf, tmp_path: Path, gguf_cache_dir) -> None:

@@ -1,4 +1,5 @@
-"""The on-disk GGUF cache on the default model, end to end: a fresh process reads everything back.
+"""The on-disk GGUF cache on the default model, end to end: a fresh process reads the config and tokenizer
+back, computes the same weights from the file, and the entry is never larger than the file.
 
 The cache folder is the test's own (`gguf_cache_dir`). The tokenizer's lru cache would answer from
 memory, so these tests call the wrapped function (`__wrapped__`) to exercise the disk cache.
@@ -25,6 +26,19 @@ def _entry(path: str) -> gguf_cache.CacheEntry:
     entry = gguf_cache.cache_entry(path)
     assert entry is not None
     return entry
+
+
+def _tree_bytes(folder: str) -> int:
+    """Total size of every file under `folder`."""
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(folder) for n in names)
+
+
+def _assert_no_weights_and_smaller_than_the_file(entry: gguf_cache.CacheEntry, model_path: str) -> None:
+    """Issue: the on-disk cache must never be larger than the file."""
+    assert not os.path.exists(entry.file(gguf_cache.LEGACY_WEIGHTS_FILE))
+    names = [n for _, _, files in os.walk(entry.folder) for n in files]
+    assert not [n for n in names if n.endswith(".safetensors")], names
+    assert 0 < _tree_bytes(entry.folder) <= os.path.getsize(model_path)
 
 
 # Run both here and in a fresh process, so both sides describe the tokenizer and weights identically.
@@ -66,20 +80,23 @@ _WARM_CHILD = r"""
 import dataclasses, json, sys
 import radixserve.model_loader.gguf as g
 
-def boom(*args):
+def boom(*args, **kwargs):
     raise AssertionError("the warm process parsed the GGUF")
 
+real_open = g.open_gguf
 g.open_gguf = g._build_tokenizer = boom
 from radixserve.model_loader import get_model_config, get_tokenizer, iterate_weights
 
 exec(sys.argv[2])
 path = sys.argv[1]
-print(json.dumps({
+out = {
     "config": dataclasses.asdict(get_model_config(path)),
     "short": get_model_config(path, context_length=1024).context_len,
     "tokenizer": describe_tokenizer(get_tokenizer(path)),
-    "weights": describe_weights(iterate_weights(path)),
-}))
+}
+g.open_gguf = real_open  # weights are never cached: they are always computed from the file
+out["weights"] = describe_weights(iterate_weights(path))
+print(json.dumps(out))
 """
 
 
@@ -98,7 +115,7 @@ def test_default_model_round_trips_through_a_fresh_process(
     cold_cfg = get_model_config(default_model_path)
     cold_weights = probe["describe_weights"](iterate_weights(default_model_path))
     entry = _entry(default_model_path)
-    for artefact in (gguf_cache.CONFIG_FILE, gguf_cache.TOKENIZER_DIR, gguf_cache.WEIGHTS_FILE):
+    for artefact in (gguf_cache.CONFIG_FILE, gguf_cache.TOKENIZER_DIR):
         assert os.path.exists(entry.file(artefact)), artefact
 
     # Warm, in a fresh process that is not allowed to touch the GGUF.
@@ -119,6 +136,23 @@ def test_default_model_round_trips_through_a_fresh_process(
     assert expected["named"][1][1:] == ["<|im_end|>", 2]
     assert "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n" in expected["chat"]
     assert warm["weights"] == cold_weights  # names, order, shapes, dtype and every bit
+
+
+def test_default_model_entry_is_never_larger_than_the_file(
+    default_model_path: str, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue: the on-disk cache must never be larger than the file. After everything a load asks for (config,
+    tokenizer, every weight), the entry holds no weights and fewer bytes than the GGUF."""
+    monkeypatch.setattr(gguf_loader, "_build_tokenizer", lambda path: tokenizer)  # built from this GGUF
+    real, stat = os.path.realpath(default_model_path), os.stat(default_model_path)
+    gguf_loader._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size)
+    get_model_config(default_model_path)
+    n_weights = sum(1 for _ in iterate_weights(default_model_path))
+    assert n_weights > 0
+    entry = _entry(default_model_path)
+    assert os.path.isfile(entry.file(gguf_cache.CONFIG_FILE))
+    assert os.path.isfile(os.path.join(entry.file(gguf_cache.TOKENIZER_DIR), "tokenizer.json"))
+    _assert_no_weights_and_smaller_than_the_file(entry, default_model_path)
 
 
 def test_a_corrupt_tokenizer_cache_is_rebuilt(default_model_path: str, tokenizer, monkeypatch) -> None:

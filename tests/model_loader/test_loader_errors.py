@@ -77,9 +77,9 @@ def _q8_embedding(name: str, x: np.ndarray):
 def test_a_tensor_record_that_does_not_match_its_bytes_is_named(tiny_gguf, tmp_path: Path, patch, message) -> None:
     bad = _patch_tensor_record(tiny_gguf(encode=_q8_embedding).path, tmp_path / "bad.gguf", "token_embd.weight",
                                **patch)
-    from radixserve.model_loader.gguf import gguf_tensor_blocks
+    from radixserve.model_loader.gguf import GGUFBlocks
 
-    for load in (get_model_config, iterate_weights, gguf_tensor_blocks):  # nothing is read past the check
+    for load in (get_model_config, iterate_weights, GGUFBlocks):  # nothing is read past the check
         with pytest.raises(ValueError, match=message):
             load(str(bad))
 

@@ -106,7 +106,10 @@ class FusedMoE(LowBitHolder):
         return (0 if part in ("gate", "up") else 1), self.ps.moe_tp_rank * n, n
 
     def missing(self) -> list[tuple[int, str]]:
-        """The (global expert, projection) pairs of this rank's experts no checkpoint tensor filled."""
+        """The (global expert, projection) pairs of this rank's experts no checkpoint tensor filled (none when the
+        low-bit copy was packed straight from the file: the float weights were never meant to be loaded)."""
+        if self.low_bit is not None and self.w13 is None:
+            return []
         return [(self.expert_offset + e, p) for e in range(self.num_local) for p in PARTS if (e, p) not in self.loaded]
 
     # ------------------------------------------------------------------ the low-bit copy

@@ -237,6 +237,18 @@ class GGUFFormat:
         kind = self.kind if self.handling == "exact" else self.requant_kind
         return "float" if kind is None else KINDS[kind].activation
 
+    def kernel_bytes(self, numel: int, float_bytes: int = 4) -> int:
+        """Bytes `numel` weights of this type take in the kernels' layout (QuantWeight: the data planes, then
+        float32 scales and mins per group, or their factored records where the format has factors);
+        float types take `float_bytes` a value. The memory budget's estimate before anything is loaded."""
+        kind = self.kind if self.handling == "exact" else self.requant_kind
+        if kind is None:
+            return numel * float_bytes
+        kk = KINDS[kind]
+        per_group = (4 + 256 // kk.group) / (256 // kk.group) if self.factors is not None else 4.0
+        scale_bytes = per_group * (2 if kk.has_min else 1) * numel / kk.group
+        return int(numel * kk.bits / 8 + scale_bytes)
+
     def dequantize(self, raw: np.ndarray) -> np.ndarray:
         """The exact mode's float32 values of raw blocks (gguf's reference)."""
         return gguf.quants.dequantize(raw, self.qtype).astype(np.float32, copy=False)

@@ -23,10 +23,13 @@ long, compute-bound ones); layers/linear.py: resolve_low_bit_max_rows.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -37,6 +40,7 @@ from radixserve.layers.quantization.qweight import (
     KIND_NAMES,
     QKIND_Q4_1,
     QKIND_Q8_0,
+    QROWS,
     ExpertQuantWeight,
     QuantRows,
     QuantWeight,
@@ -63,18 +67,33 @@ class QuantReport:
         return ", ".join(parts) or "no low-bit layers"
 
 
+class BlockSource(Protocol):
+    """A checkpoint's low-bit tensors by HF name (model_loader/gguf.py: GGUFBlocks, over the mapped file)."""
+
+    def __contains__(self, name: object) -> bool: ...
+    def qtype(self, name: str) -> str: ...
+    def exact(self, name: str) -> bool: ...
+    def rows(self, name: str) -> np.ndarray: ...
+
+
+# dense(module name, module) -> its float weights: [out, in] for a projection, (w13, w2) of the local
+# experts for a FusedMoE; asked for only where a layer is (re-)quantised from floats, one layer at a time
+Dense = Callable[[str, nn.Module], "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
+
+
 def quantize_model(
     model: nn.Module,
     mode: str,
     sources: Callable[[str], list[tuple[str, object]]],
-    dense: Callable[[nn.Module], torch.Tensor],
-    gguf_blocks: dict[str, tuple[str, torch.Tensor | None]] | None = None,
+    dense: Dense,
+    gguf_blocks: BlockSource | None = None,
 ) -> QuantReport:
-    """Give every PackableLinear of `model` its QuantWeight (or none) for `mode`.
+    """Give every PackableLinear of `model` its QuantWeight (or none) for `mode`, layer by layer.
 
     sources(module_name) -> the checkpoint tensors stacked into it, in row order, as (name, shard id);
-    dense(module) -> its float weight [out, in] (before packing frees it);
-    gguf_blocks: gguf_tensor_blocks() of the file, for `auto` on a GGUF model (None otherwise).
+    dense: see Dense;
+    gguf_blocks: the file's blocks, for `auto` on a GGUF model (None otherwise). Each projection's blocks are
+    read from it, converted and packed before the next is read: the working set is one layer's.
     """
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {mode!r}")
@@ -84,7 +103,7 @@ def quantize_model(
     seen: set[int] = set()
     for name, mod in model.named_modules():
         if isinstance(mod, FusedMoE):
-            _plan_experts(name, mod, mode, gguf_blocks, report)
+            _plan_experts(name, mod, mode, gguf_blocks, dense, report)
             continue
         if not isinstance(mod, PackableLinear) or id(mod) in seen:
             continue
@@ -100,29 +119,98 @@ def quantize_model(
     return report
 
 
-def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[tuple[str, object]],
-              dense: Callable[[nn.Module], torch.Tensor],
-              gguf_blocks: dict[str, tuple[str, torch.Tensor | None]] | None, report: QuantReport) -> QuantWeight | None:
+def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[tuple[str, object]], dense: Dense,
+              gguf_blocks: BlockSource | None, report: QuantReport) -> QuantWeight | None:
     if mode == "int8":
-        return QuantWeight.quantize(dense(mod), QKIND_Q8_0, name)
+        return QuantWeight.quantize(dense(name, mod), QKIND_Q8_0, name)  # type: ignore[arg-type]
     if mode == "int4":
-        return QuantWeight.quantize(dense(mod), QKIND_Q4_1, name)
+        return QuantWeight.quantize(dense(name, mod), QKIND_Q4_1, name)  # type: ignore[arg-type]
     assert gguf_blocks is not None
-    entries = [gguf_blocks.get(s) for s, _ in srcs]
-    if not entries or any(e is None for e in entries):
+    if not srcs or any(s not in gguf_blocks for s, _ in srcs):
         return None  # not from the file (should not happen): keep float
-    fmts = [FORMATS[qt] for qt, _ in entries]  # type: ignore[misc]  # the loader refused any other type
+    fmts = [FORMATS[gguf_blocks.qtype(s)] for s, _ in srcs]  # the loader refused any other type
     types = "+".join(sorted({f.name for f in fmts}))
     if all(f.handling == "float" for f in fmts):
         report.float_layers[types] = report.float_layers.get(types, 0) + 1
         return None
-    if all(f.handling == "exact" and rows is not None for f, (_, rows) in zip(fmts, entries)):  # type: ignore[misc]
-        # the file's blocks, cut for this tensor-parallel rank by the layer's own rule (tp_slice)
-        parts = [mod.shard_quant_rows(f.rows(rows, src), sid, name)  # type: ignore[misc]
-                 for f, (_, rows), (src, sid) in zip(fmts, entries, srcs)]  # type: ignore[misc]
-        kind = join_kinds([p.kind for p in parts])
-        return QuantWeight.from_rows(QuantRows.cat([p.promote(kind) for p in parts]))
-    return QuantWeight.quantize(dense(mod), _requant_kind(name, fmts, types, report), name)
+    if all(gguf_blocks.exact(s) for s, _ in srcs):
+        return _pack_exact(name, mod, fmts, srcs, gguf_blocks)
+    return QuantWeight.quantize(dense(name, mod), _requant_kind(name, fmts, types, report), name)  # type: ignore[arg-type]
+
+
+# Rows converted at a time (a multiple of QROWS): the file's blocks unpack to one byte a weight and more on the
+# way to the kernel layout, ~5x the packed bytes; a 128k-vocabulary LM head in one piece took ~2.7 GB.
+PACK_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Rows [r0, r1) of one stacked source's part for this rank (after its dim-0 cut), or `zeros` padding rows."""
+
+    src: int
+    r0: int
+    r1: int
+    zeros: bool = False
+
+
+def _pack_exact(name: str, mod: nn.Module, fmts: list, srcs: list[tuple[str, object]],
+                blocks: BlockSource) -> QuantWeight:
+    """A projection's kernel layout from the file's blocks of its stacked sources, PACK_ROWS output rows at a
+    time, each source cut for this tensor-parallel rank by the layer's own rule (quant_cut). Every 8-row group is
+    packed on its own (QuantWeight.from_rows), so the chunks are bit for bit the whole matrix packed at once."""
+    kind = join_kinds([f.kind for f in fmts])
+    views, cuts = [], []
+    for s, sid in srcs:
+        raw = blocks.rows(s)
+        dim, start, length, padded = mod.quant_cut(sid, raw.shape[0])  # type: ignore[operator]
+        raw = raw[start : start + length] if dim == 0 else raw
+        if raw.shape[0] == 0:
+            raise ValueError(f"quantization: layer {name} holds no rows of {s} on this rank")
+        views.append(raw)
+        cuts.append((dim, start, length, padded))
+
+    def convert(piece: _Piece) -> QuantRows:
+        f, raw, (dim, start, length, _) = fmts[piece.src], views[piece.src], cuts[piece.src]
+        part = f.rows(raw[piece.r0 : piece.r1], srcs[piece.src][0])
+        part = part.narrow(1, start, length, name) if dim == 1 else part
+        return part.promote(kind)
+
+    # factored scales only if every source keeps them (a K cut off the 256-blocks drops them): one group's rows
+    factored = all(convert(_Piece(i, 0, min(QROWS, v.shape[0]))).factors is not None for i, v in enumerate(views))
+    # the output rows in order: each source's rows, then the zero rows of a padded vocabulary slice
+    pieces: list[_Piece] = []
+    for i, v in enumerate(views):
+        pieces.append(_Piece(i, 0, v.shape[0]))
+        if cuts[i][0] == 0 and cuts[i][3] > v.shape[0]:
+            pieces.append(_Piece(i, v.shape[0], cuts[i][3], zeros=True))
+    chunks: list[list[_Piece]] = [[]]
+    room = PACK_ROWS
+    for p in pieces:
+        r = p.r0
+        while r < p.r1:
+            take = min(room, p.r1 - r)
+            chunks[-1].append(_Piece(p.src, r, r + take, p.zeros))
+            r, room = r + take, room - take
+            if room == 0:
+                chunks.append([])
+                room = PACK_ROWS
+    chunks = [c for c in chunks if c]
+
+    def pack(chunk: list[_Piece]) -> QuantWeight:
+        parts = []
+        for p in chunk:
+            if p.zeros:  # zero rows compute 0 (the vocabulary's padding): a real row's shape, zeroed
+                z = convert(_Piece(p.src, 0, 1))
+                parts.append(z.narrow(0, 0, 0).pad_rows(p.r1 - p.r0))
+            else:
+                parts.append(convert(p))
+        if not factored:
+            parts = [dataclasses.replace(x, factors=None) for x in parts]
+        return QuantWeight.from_rows(QuantRows.cat(parts))
+
+    # NOTE: one chunk at a time. Two in flight on threads gained 13% on 2 vCPUs (torch's element-wise ops already
+    # use both cores) and left ~0.9 GB of freed chunks in glibc's per-thread arenas after an 8B load.
+    return QuantWeight.cat_groups([pack(c) for c in chunks])
 
 
 def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int:
@@ -136,34 +224,35 @@ def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int
     return want
 
 
-def _plan_experts(name: str, mod: FusedMoE, mode: str,
-                  gguf_blocks: dict[str, tuple[str, torch.Tensor | None]] | None, report: QuantReport) -> None:
+def _plan_experts(name: str, mod: FusedMoE, mode: str, gguf_blocks: BlockSource | None, dense: Dense,
+                  report: QuantReport) -> None:
     """FusedMoE's low-bit copy (ExpertQuantWeight for gate_up and down) by the same rules as a projection's."""
-    assert mod.w13 is not None and mod.w2 is not None
     local = range(mod.expert_offset, mod.expert_offset + mod.num_local)
     want: int | None = {"int8": QKIND_Q8_0, "int4": QKIND_Q4_1}.get(mode)
     if want is None:  # auto: the file's own blocks
         assert gguf_blocks is not None
-        entries = [gguf_blocks.get(f"{name}.{p}_proj.weight") for p in ("gate", "up", "down")]
-        if any(e is None for e in entries):
+        srcs = [f"{name}.{p}_proj.weight" for p in ("gate", "up", "down")]
+        if any(s not in gguf_blocks for s in srcs):
             return  # not from the file (should not happen): keep float
-        fmts = [FORMATS[qt] for qt, _ in entries]  # type: ignore[misc]
+        fmts = [FORMATS[gguf_blocks.qtype(s)] for s in srcs]
         types = "+".join(sorted({f.name for f in fmts}))
         if all(f.handling == "float" for f in fmts):
             report.float_layers[types] = report.float_layers.get(types, 0) + 2
             return
-        if all(f.handling == "exact" and rows is not None for f, (_, rows) in zip(fmts, entries)):  # type: ignore[misc]
+        if all(gguf_blocks.exact(s) for s in srcs):
+            blocks = [gguf_blocks.rows(s) for s in srcs]  # [experts, out, row bytes] views of the mapped file
+
             def expert_rows(i: int, e: int) -> QuantRows:
-                (_, blocks), part = entries[i], ("gate", "up", "down")[i]  # type: ignore[misc]
+                part = ("gate", "up", "down")[i]
                 src = f"{name}.{part}_proj.weight[{e}]"
-                return mod.shard_rows(part, fmts[i].rows(blocks[e], src), src)  # type: ignore[index]
+                return mod.shard_rows(part, fmts[i].rows(blocks[i][e], src), src)
 
             gate_up = [_joined(expert_rows(0, e), expert_rows(1, e)) for e in local]
             down = [expert_rows(2, e) for e in local]
             _set_experts(mod, gate_up, down, report)
             return
         want = _requant_kind(name, fmts, types, report)
-    w13, w2 = mod.w13, mod.w2
+    w13, w2 = dense(name, mod)  # type: ignore[misc]
     _set_experts(mod, [QuantRows.quantize(w13[e], want, f"{name}.w13[{e}]") for e in range(mod.num_local)],
                  [QuantRows.quantize(w2[e], want, f"{name}.w2[{e}]") for e in range(mod.num_local)], report)
 

@@ -273,6 +273,20 @@ class QuantWeight:
     def quantize(weight: torch.Tensor, kind: int, name: str = "weight") -> QuantWeight:
         return QuantWeight.from_rows(QuantRows.quantize(weight, kind, name))
 
+    @staticmethod
+    def cat_groups(pieces: list[QuantWeight]) -> QuantWeight:
+        """Stack weights packed from consecutive row ranges (each but the last a multiple of QROWS rows, so no
+        padding inside) into one: the groups are independent, so this equals packing all the rows at once."""
+        if len(pieces) == 1:
+            return pieces[0]
+        first = pieces[0]
+        for p in pieces[:-1]:
+            if p.n % QROWS:
+                raise ValueError(f"a piece of {p.n} rows is not whole {QROWS}-row groups")
+        m = None if first.m is None else torch.cat([p.m for p in pieces if p.m is not None])
+        return QuantWeight(first.kind, sum(p.n for p in pieces), first.k, torch.cat([p.data for p in pieces]),
+                           torch.cat([p.d for p in pieces]), m)
+
     def to_rows(self) -> QuantRows:
         """The row-major values again (the inverse of from_rows; tests and dequantize)."""
         n, k = self.n, self.k
