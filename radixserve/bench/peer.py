@@ -57,12 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def llama_bench(binary: str, gguf: str, threads: int, prompt_len: int, gen_len: int) -> dict[str, float]:
+def llama_bench(binary: str, gguf: str, threads: int, prompt_len: int, gen_len: int, repeats: int = 3
+                ) -> dict[str, float]:
     """{"pp": tokens/s, "tg": tokens/s} from `llama-bench -o json`."""
     if not os.access(binary, os.X_OK):
         raise SystemExit(f"--llama-bench {binary}: not an executable file")
-    cmd = [binary, "-m", gguf, "-t", str(threads), "-p", str(prompt_len), "-n", str(gen_len), "-r", "3", "-o", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    cmd = [binary, "-m", gguf, "-t", str(threads), "-p", str(prompt_len), "-n", str(gen_len), "-r", str(repeats), "-o",
+           "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"llama-bench failed ({proc.returncode}): {proc.stderr[-2000:]}")
     rows = json.loads(proc.stdout)

@@ -16,7 +16,8 @@ from radixserve.server_args import ServerArgs
 BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serving", "serving-peer": "serving_peer",
               "offline": "offline", "baseline": "baseline", "peer": "peer", "accuracy": "accuracy",
               "speculative": "speculative", "grammar": "grammar", "dashboard": "dashboard", "dp": "data_parallel",
-              "collectives": "collectives", "embeddings": "embeddings", "lora": "lora_serving", "moe": "moe"}
+              "collectives": "collectives", "embeddings": "embeddings", "lora": "lora_serving", "moe": "moe",
+              "scale": "scale"}
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -110,6 +110,8 @@ def _open_cached(path: str, mtime_ns: int, size: int, light: bool = False) -> GG
         reader = _CheckedReader(path, light)
     except _BadTensor as exc:
         raise ValueError(f"{path} is corrupt: {exc}") from exc
+    except _ShortTensor as exc:
+        raise ValueError(f"{bad_file}: {exc}") from exc
     except Exception as exc:  # gguf raises ValueError/IndexError/struct errors depending on where it stops
         raise ValueError(f"{bad_file} ({type(exc).__name__}: {exc})") from exc
     tensors: dict[str, Any] = {}
@@ -130,6 +132,10 @@ def _open_cached(path: str, mtime_ns: int, size: int, light: bool = False) -> GG
                              f"{int(nxt.data_offset) - int(t.data_offset)} lie before the next tensor "
                              f"{nxt.name!r}")
     return GGUFFile(path=path, reader=reader, tensors=tensors)
+
+
+class _ShortTensor(ValueError):
+    """A tensor whose bytes run past the end of the file: a truncated file."""
 
 
 class _BadTensor(ValueError):
@@ -172,7 +178,7 @@ class _CheckedReader(gguf.GGUFReader):
 
     def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
         for fld in fields:
-            _, name_data, _, dims, raw_dtype, _ = fld.parts
+            _, name_data, _, dims, raw_dtype, offset = fld.parts
             name = bytes(name_data).decode("utf-8", errors="replace")
             try:
                 qtype = QType(int(raw_dtype[0]))
@@ -182,6 +188,11 @@ class _CheckedReader(gguf.GGUFReader):
             if len(dims) and int(dims[0]) % block:
                 raise _BadTensor(f"tensor {name!r} ({qtype.name}) has rows of {int(dims[0])} values, not whole "
                                  f"{block}-value blocks (shape {list(reversed(dims.tolist()))})")
+            if qtype in gguf.GGML_QUANT_SIZES:  # before gguf maps it: its own error names no tensor
+                block, size = gguf.GGML_QUANT_SIZES[qtype]
+                end = int(start_offs) + int(offset[0]) + int(np.prod(dims, dtype=np.int64)) * size // block
+                if end > len(self.data):
+                    raise _ShortTensor(f"tensor {name!r} ({qtype.name}) extends past the end of the file")
         super()._build_tensors(start_offs, fields)
 
 

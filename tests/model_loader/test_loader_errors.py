@@ -132,3 +132,32 @@ def test_default_model_package_without_the_file(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
     with pytest.raises(FileNotFoundError, match="SmolLM2-135M-Instruct.Q4_1.gguf was not found.*pip install"):
         default_model.default_model_path()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "lying record"])
+def test_the_server_does_not_start_on_a_damaged_file(default_model_path, tmp_path: Path, damage: str) -> None:
+    """`radixserve serve` on the default model cut inside its tensor data, or with a tensor record whose type
+    claims more bytes than the file gives it: the server exits at once with an error naming the tensor (checked
+    against the file's size before a tensor is read: no bus error from the mapped file later)."""
+    import os
+    import subprocess
+    import sys
+
+    src = Path(default_model_path)
+    bad = tmp_path / "model.gguf"
+    if damage == "truncated":
+        bad.write_bytes(src.read_bytes()[: int(src.stat().st_size * 0.6)])
+        want = r"is truncated or not a GGUF file: tensor '[^']+' \(\w+\) extends past the end of the file"
+    else:
+        _patch_tensor_record(src, bad, "token_embd.weight", type_id=int(QT.F32))
+        # F32 claims 4 bytes a value where the file gave Q8_0's 34 per 32: more than lies before the next tensor, or
+        # (the last tensor) before the end of the file
+        want = (r"tensor 'token_embd.weight' \(F32(, shape \[49152, 576\]\) needs \d+ bytes but only|\) extends past "
+                r"the end of the file)")
+    env = {**os.environ, "RADIXSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "radixserve", "serve", "--model-path", str(bad), "--port", "0"],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode != 0
+    import re
+
+    assert re.search(want, proc.stderr + proc.stdout), (proc.stderr + proc.stdout)[-3000:]

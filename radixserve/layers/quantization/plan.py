@@ -135,7 +135,8 @@ def _plan_one(name: str, mod: nn.Module, mode: str, srcs: list[tuple[str, object
         return None
     if all(gguf_blocks.exact(s) for s, _ in srcs):
         return _pack_exact(name, mod, fmts, srcs, gguf_blocks)
-    return QuantWeight.quantize(dense(name, mod), _requant_kind(name, fmts, types, report), name)  # type: ignore[arg-type]
+    want = _requant_kind(name, fmts, types, report)
+    return QuantWeight.quantize(dense(name, mod), want, name)  # type: ignore[arg-type]
 
 
 # Rows converted at a time (a multiple of QROWS): the file's blocks unpack to one byte a weight and more on the
