@@ -222,3 +222,45 @@ def test_chunked_packing_equals_packing_the_whole_matrix(types, rows, blocks, st
     for a, b in ((got.data, want.data), (got.d, want.d), (got.m, want.m)):
         assert (a is None and b is None) or torch.equal(a, b)
     assert torch.equal(got.dequantize(), want.dequantize())
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@settings(max_examples=15, deadline=None)
+@given(groups=st.integers(1, 5), blocks=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_the_cpp_repack_makes_the_python_paths_bytes(qtype, groups, blocks, seed) -> None:
+    """csrc/repack.cpp (a K-quant file's common case: one pass over the mapped blocks) writes exactly the bytes
+    QuantWeight.from_rows makes from the converted rows: data, factored scale records and mins."""
+    from radixserve.kernels.cpu import load_cpu_ops
+    from radixserve.layers.quantization import plan
+
+    if load_cpu_ops()[0] is None:
+        pytest.skip("no C++ kernels")
+    f = FORMATS[qtype]
+    raw = random_blocks(qtype, 8 * groups, blocks, seed)
+    got = plan._repack_in_cpp([f, f], [raw, raw[:8]], [(0, 0, 8 * groups, 8 * groups), (0, 0, 8, 8)])
+    want = QuantWeight.from_rows(QuantRows.cat([f.rows(raw), f.rows(raw[:8])]))
+    assert got is not None and (got.kind, got.n, got.k) == (want.kind, want.n, want.k)
+    for a, b in ((got.data, want.data), (got.d, want.d), (got.m, want.m)):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_the_cpp_repack_leaves_non_finite_scales_and_other_cases_to_python() -> None:
+    from radixserve.kernels.cpu import load_cpu_ops
+    from radixserve.layers.quantization import plan
+
+    if load_cpu_ops()[0] is None:
+        pytest.skip("no C++ kernels")
+    f = FORMATS["Q4_K"]
+    raw = random_blocks("Q4_K", 16, 1, 3)
+    bad = raw.copy()
+    bad[9, 2:4] = np.array([np.inf], np.float16).view(np.uint8)  # row 9's dmin
+    assert plan._repack_in_cpp([f], [bad], [(0, 0, 16, 16)]) is None
+    assert plan._repack_in_cpp([f], [raw[:12]], [(0, 0, 12, 12)]) is None  # not whole 8-row groups
+    assert plan._repack_in_cpp([f], [raw], [(1, 0, 128, 16)]) is None  # a K cut (row-parallel)
+    assert plan._repack_in_cpp([f], [raw], [(0, 0, 16, 24)]) is None  # a padded vocabulary slice
+    assert plan._repack_in_cpp([f, FORMATS["Q6_K"]], [raw, raw], [(0, 0, 16, 16)] * 2) is None  # a mixed stack
+    # and the planner's general path still packs the non-finite file exactly as before
+    layer = _Cut(0, 0, 16, None)
+    got = plan._pack_exact("layer", layer, [f], [("t", None)], _Blocks({"t": ("Q4_K", bad)}))
+    want = QuantWeight.from_rows(f.rows(bad))
+    assert torch.equal(got.data, want.data) and torch.equal(got.d, want.d)

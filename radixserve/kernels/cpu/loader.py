@@ -8,6 +8,7 @@
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
     csrc/lora_sgmv.cpp         lora_sgmv (each row's own LoRA adapter delta on one projection)
     csrc/fused_experts.cpp     fused_experts (a MoE layer's routed experts on their stacked low-bit blocks)
+    csrc/repack.cpp            repack_kquant (a GGUF Q4_K / Q6_K tensor's blocks into quant_linear's layout)
     csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h), and
                                quant_tiles.h: the quantised GEMM's register tiles (quant_linear.cpp)
 
@@ -44,7 +45,7 @@ ISA_ENV = "RADIXSERVE_CPU_ISA"
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "flash_attention.cpp",
                                                   "decoder_glue.cpp", "quant_linear.cpp", "decode_stack.cpp",
-                                                  "lora_sgmv.cpp", "fused_experts.cpp")]
+                                                  "lora_sgmv.cpp", "fused_experts.cpp", "repack.cpp")]
 
 HEADERS = sorted(os.path.join(_CSRC, f) for f in os.listdir(_CSRC) if f.endswith(".h"))
 

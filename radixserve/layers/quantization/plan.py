@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.linear import PackableLinear
 from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.quantization.gguf_formats import FORMATS
@@ -170,6 +172,10 @@ def _pack_exact(name: str, mod: nn.Module, fmts: list, srcs: list[tuple[str, obj
         views.append(raw)
         cuts.append((dim, start, length, padded))
 
+    fast = _repack_in_cpp(fmts, views, cuts)
+    if fast is not None:
+        return fast
+
     def convert(piece: _Piece) -> QuantRows:
         f, raw, (dim, start, length, _) = fmts[piece.src], views[piece.src], cuts[piece.src]
         part = f.rows(raw[piece.r0 : piece.r1], srcs[piece.src][0])
@@ -212,6 +218,40 @@ def _pack_exact(name: str, mod: nn.Module, fmts: list, srcs: list[tuple[str, obj
     # NOTE: one chunk at a time. Two in flight on threads gained 13% on 2 vCPUs (torch's element-wise ops already
     # use both cores) and left ~0.9 GB of freed chunks in glibc's per-thread arenas after an 8B load.
     return QuantWeight.cat_groups([pack(c) for c in chunks])
+
+
+# GGUF types csrc/repack.cpp turns into the kernel layout in one pass: ggml id, data bytes per 32-block, record
+# bytes per 256 values (8 float32 super-scales + int8 subs of 8 rows), whether it has mins
+_CPP_REPACK = {"Q4_K": (12, 128, 96, True), "Q6_K": (14, 192, 160, False)}
+
+
+def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, int, int, int]]) -> QuantWeight | None:
+    """The common case of a K-quant file (every stacked source Q4_K, or every one Q6_K; whole rows of this rank, in
+    whole 8-row groups, no padding) packed by csrc/repack.cpp, byte for byte what the general path makes (~20x
+    faster: one pass over the mapped blocks instead of ~10 over one byte a weight). None: the general path's case
+    (other types or stacks, a K cut, a padded vocabulary slice, no C++ kernels, a non-finite scale)."""
+    if len({f.name for f in fmts}) != 1 or fmts[0].name not in _CPP_REPACK:
+        return None
+    if any(dim != 0 or padded != v.shape[0] or v.shape[0] % QROWS for v, (dim, _, _, padded) in zip(views, cuts)):
+        return None
+    ops, _ = load_cpu_ops()
+    if ops is None or not hasattr(ops, "repack_kquant"):
+        return None
+    qid, block_data, record, has_min = _CPP_REPACK[fmts[0].name]
+    pieces = []
+    for v in views:
+        n, row_bytes = v.shape
+        nj = row_bytes // fmts[0].block_bytes
+        data = torch.empty(n // QROWS, nj * 8 * block_data, dtype=torch.uint8)
+        d = torch.empty(n // QROWS, nj * record, dtype=torch.uint8)
+        m = torch.empty_like(d) if has_min else None
+        with warnings.catch_warnings():  # read-only: the mapped file is only read
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(np.ascontiguousarray(v))
+        if not ops.repack_kquant(raw, qid, data, d, m):
+            return None
+        pieces.append(QuantWeight(fmts[0].kind, n, nj * fmts[0].block_size, data, d, m))
+    return QuantWeight.cat_groups(pieces)
 
 
 def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int:

@@ -1,5 +1,5 @@
 // Every native CPU op of radixserve, declared once: `torch.ops.radixserve_cpu.<name>`. One source per
-// op family implements them (paged_attention.cpp, flash_attention.cpp, decoder_glue.cpp, quant_linear.cpp, lora_sgmv.cpp, fused_experts.cpp;
+// op family implements them (paged_attention.cpp, flash_attention.cpp, decoder_glue.cpp, quant_linear.cpp, lora_sgmv.cpp, fused_experts.cpp, repack.cpp;
 // decode_stack.cpp adds the DecodeStack class); a new op is declared here and
 // implemented in its family's file (or a new one, listed in loader.py's SOURCES).
 #include <torch/library.h>
@@ -28,4 +28,7 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   // kind: quant_linear.h QKind (0 = Q8_0, 1 = Q4_1, 2 = Q8_M, 3 = Q8_16, 4 = Q8_M16, 5 = Q5, 6 = Q6; m for kinds with
   // mins), n output rows, in 8-row interleaved groups: layout in quant_linear.h
   m.def("quant_linear(Tensor x, int kind, int n, Tensor data, Tensor d, Tensor? m, Tensor? bias, Tensor(a!) out) -> ()");
+  // a GGUF Q4_K (12) / Q6_K (14) tensor's raw block rows into quant_linear's layout (repack.cpp); false: a
+  // non-finite float16 scale, left to the Python path
+  m.def("repack_kquant(Tensor raw, int qtype, Tensor(a!) data, Tensor(b!) d, Tensor(c!)? m) -> bool");
 }

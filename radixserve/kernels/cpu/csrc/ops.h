@@ -36,4 +36,8 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
                    const at::Tensor& data2, const at::Tensor& d2, const c10::optional<at::Tensor>& m2,
                    int64_t act, at::Tensor& out);
 
+// repack.cpp: a GGUF K-quant tensor's raw rows into quant_linear's layout (schema in ops.cpp)
+bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d,
+                   const c10::optional<at::Tensor>& m);
+
 }  // namespace radixserve

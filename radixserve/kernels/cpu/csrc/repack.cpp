@@ -1,0 +1,187 @@
+// repack_kquant: a GGUF K-quant tensor's raw block rows straight into the kernels' layout (quant_linear.h;
+// layers/quantization/qweight.py: QuantWeight.from_rows with the factored scale records of scale_factors.py), in
+// one pass over the mapped file's bytes, the rows' 8-row groups spread over the threads.
+//
+//   Q4_K (144-byte blocks: d, dmin, 12 bytes of 6-bit scales / mins, 128 bytes of nibbles) -> kind Q4_1:
+//     data  [G, nb * 128]  per 32-block, (quarter t < 4, row i < 8, byte c < 4) = q[8t + c] | q[8t + 4 + c] << 4
+//     d     [G, nj * 96]   per super-block: the 8 rows' float32 d, then int8 sc (sub-block s < 8, row i)
+//     m     [G, nj * 96]   the same with -dmin and the 6-bit mins
+//   Q6_K (210-byte blocks: 128 bytes of low nibbles, 64 of top bit pairs, 16 int8 scales, d) -> kind Q6:
+//     data  [G, nb * 192]  per 32-block the low nibbles as above, then two 32-byte planes p of top bits:
+//                          (p, row i, byte c) holds bits 4-5 of element 8t + 4h + c at bits 4(t - 2p) + 2h
+//     d     [G, nj * 160]  the 8 rows' float32 d, then int8 scales (sub-block s < 16, row i)
+//
+// Every byte equals the Python path's (tests/layers/test_gguf_formats.py checks it on random blocks): that path
+// is ~10 numpy / torch passes over one byte a weight (an 8B file: ~45 s on two cores), this one reads each block
+// once. A float16 scale that is inf / NaN makes it return false without writing a guarantee: the Python path
+// then decides (it keeps flat scales where factored ones would not reproduce the products bit for bit).
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "ops.h"
+
+namespace radixserve {
+namespace {
+
+constexpr int kRows = 8;  // rows per interleaved group (quant_linear.h kQRows)
+
+inline bool finite_f16(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
+
+// IEEE half -> float, exactly (subnormals included), without F16C: every ISA variant runs it
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        man <<= 1;
+        ++e;
+      } while ((man & 0x400) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (man & 0x3FF) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | man << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+inline void store_f32(uint8_t* p, float f) { std::memcpy(p, &f, 4); }
+
+// Q4_K's 6-bit scale and min of sub-block s (ggml's get_scale_min_k4)
+inline void k4_scale_min(const uint8_t* sc12, int s, uint8_t* sc, uint8_t* mn) {
+  if (s < 4) {
+    *sc = sc12[s] & 63;
+    *mn = sc12[s + 4] & 63;
+  } else {
+    *sc = (sc12[s + 4] & 0x0F) | ((sc12[s - 4] >> 6) << 4);
+    *mn = (sc12[s + 4] >> 4) | ((sc12[s] >> 6) << 4);
+  }
+}
+
+void repack_q4_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_t* data, uint8_t* d, uint8_t* m) {
+  for (int64_t j = 0; j < nj; ++j) {
+    uint8_t* drec = d + j * 96;
+    uint8_t* mrec = m + j * 96;
+    for (int i = 0; i < kRows; ++i) {
+      const uint8_t* blk = raw + i * row_bytes + j * 144;
+      store_f32(drec + 4 * i, f16_to_f32(load_u16(blk)));
+      store_f32(mrec + 4 * i, -f16_to_f32(load_u16(blk + 2)));
+      for (int s = 0; s < 8; ++s) {
+        uint8_t sc, mn;
+        k4_scale_min(blk + 4, s, &sc, &mn);
+        drec[32 + s * kRows + i] = sc;
+        mrec[32 + s * kRows + i] = mn;
+      }
+      const uint8_t* qs = blk + 16;
+      for (int s = 0; s < 8; ++s) {  // 32-block b = 8 j + s: element e = nibble (s & 1) of qs[32 (s / 2) + e]
+        const uint8_t* src = qs + 32 * (s / 2);
+        const int shift = 4 * (s & 1);
+        uint8_t* out = data + (j * 8 + s) * 128 + i * 4;
+        for (int t = 0; t < 4; ++t) {
+          for (int c = 0; c < 4; ++c) {
+            const uint8_t lo = (src[8 * t + c] >> shift) & 0x0F, hi = (src[8 * t + 4 + c] >> shift) & 0x0F;
+            out[t * 32 + c] = static_cast<uint8_t>(lo | hi << 4);
+          }
+        }
+      }
+    }
+  }
+}
+
+void repack_q6_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_t* data, uint8_t* d) {
+  for (int64_t j = 0; j < nj; ++j) {
+    uint8_t* drec = d + j * 160;
+    for (int i = 0; i < kRows; ++i) {
+      const uint8_t* blk = raw + i * row_bytes + j * 210;
+      store_f32(drec + 4 * i, f16_to_f32(load_u16(blk + 208)));
+      for (int s = 0; s < 16; ++s) drec[32 + s * kRows + i] = blk[192 + s];
+      const uint8_t *ql = blk, *qh = blk + 128;
+      // element v < 256: low = ql[64 h + r % 64] >> 4 (r / 64), top = qh[32 h + r % 32] >> 2 (r / 32), h = v / 128
+      auto lo = [&](int v) { const int h = v >> 7, r = v & 127; return (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0F; };
+      auto top = [&](int v) { const int h = v >> 7, r = v & 127; return (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03; };
+      for (int b = 0; b < 8; ++b) {
+        uint8_t* out = data + (j * 8 + b) * 192 + i * 4;
+        const int v0 = 32 * b;
+        for (int t = 0; t < 4; ++t) {
+          for (int c = 0; c < 4; ++c) {
+            out[t * 32 + c] = static_cast<uint8_t>(lo(v0 + 8 * t + c) | lo(v0 + 8 * t + 4 + c) << 4);
+          }
+        }
+        for (int p = 0; p < 2; ++p) {
+          for (int c = 0; c < 4; ++c) {
+            int byte = 0;
+            for (int tt = 0; tt < 2; ++tt) {
+              for (int h = 0; h < 2; ++h) byte |= top(v0 + 8 * (2 * p + tt) + 4 * h + c) << (4 * tt + 2 * h);
+            }
+            out[128 + p * 32 + c] = static_cast<uint8_t>(byte);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d,
+                   const c10::optional<at::Tensor>& m) {
+  constexpr int64_t kQ4K = 12, kQ6K = 14;  // ggml type ids
+  TORCH_CHECK(qtype == kQ4K || qtype == kQ6K, "repack_kquant: ggml type ", qtype, " is not Q4_K (12) or Q6_K (14)");
+  TORCH_CHECK(raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.is_contiguous(), "repack_kquant: raw must be "
+              "contiguous uint8 [rows, row bytes]");
+  const int64_t n = raw.size(0), row_bytes = raw.size(1), block = qtype == kQ4K ? 144 : 210;
+  TORCH_CHECK(n % kRows == 0 && row_bytes % block == 0, "repack_kquant: ", n, " rows of ", row_bytes,
+              " bytes are not whole 8-row groups of whole blocks");
+  const int64_t g = n / kRows, nj = row_bytes / block, nb = nj * 8;
+  const int64_t rec = qtype == kQ4K ? 96 : 160, bb = qtype == kQ4K ? 128 : 192;
+  auto check_out = [&](const at::Tensor& t, int64_t cols, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.dim() == 2 && t.size(0) == g &&
+                t.size(1) == cols, "repack_kquant: ", what, " must be contiguous uint8 [", g, ", ", cols, "]");
+  };
+  check_out(data, nb * bb, "data");
+  check_out(d, nj * rec, "d");
+  TORCH_CHECK(m.has_value() == (qtype == kQ4K), "repack_kquant: Q4_K has mins, Q6_K none");
+  if (m.has_value()) check_out(*m, nj * rec, "m");
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  // every float16 super-scale finite, or the caller's general path decides
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < nj; ++j) {
+      const uint8_t* blk = src + r * row_bytes + j * block;
+      if (qtype == kQ4K ? !(finite_f16(load_u16(blk)) && finite_f16(load_u16(blk + 2))) : !finite_f16(load_u16(blk + 208)))
+        return false;
+    }
+  }
+  uint8_t *dst = data.data_ptr<uint8_t>(), *dd = d.data_ptr<uint8_t>();
+  uint8_t* mm = m.has_value() ? m->data_ptr<uint8_t>() : nullptr;
+  at::parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t gi = lo; gi < hi; ++gi) {
+      const uint8_t* rows = src + gi * kRows * row_bytes;
+      if (qtype == kQ4K) {
+        repack_q4_k_group(rows, row_bytes, nj, dst + gi * nb * bb, dd + gi * nj * rec, mm + gi * nj * rec);
+      } else {
+        repack_q6_k_group(rows, row_bytes, nj, dst + gi * nb * bb, dd + gi * nj * rec);
+      }
+    }
+  });
+  return true;
+}
+
+}  // namespace radixserve
+
+TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) { m.impl("repack_kquant", &radixserve::repack_kquant); }
