@@ -238,20 +238,25 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
     if ops is None or not hasattr(ops, "repack_kquant"):
         return None
     qid, block_data, record, has_min = _CPP_REPACK[fmts[0].name]
-    pieces = []
+    nj = {v.shape[1] // fmts[0].block_bytes for v in views}
+    if len(nj) != 1:
+        return None
+    nj_ = nj.pop()
+    n = sum(v.shape[0] for v in views)
+    # the whole stack's tensors at once, each source's 8-row groups written in place (no copy to join them)
+    data = torch.empty(n // QROWS, nj_ * 8 * block_data, dtype=torch.uint8)
+    d = torch.empty(n // QROWS, nj_ * record, dtype=torch.uint8)
+    m = torch.empty_like(d) if has_min else None
+    g0 = 0
     for v in views:
-        n, row_bytes = v.shape
-        nj = row_bytes // fmts[0].block_bytes
-        data = torch.empty(n // QROWS, nj * 8 * block_data, dtype=torch.uint8)
-        d = torch.empty(n // QROWS, nj * record, dtype=torch.uint8)
-        m = torch.empty_like(d) if has_min else None
+        g1 = g0 + v.shape[0] // QROWS
         with warnings.catch_warnings():  # read-only: the mapped file is only read
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.from_numpy(np.ascontiguousarray(v))
-        if not ops.repack_kquant(raw, qid, data, d, m):
+        if not ops.repack_kquant(raw, qid, data[g0:g1], d[g0:g1], None if m is None else m[g0:g1]):
             return None
-        pieces.append(QuantWeight(fmts[0].kind, n, nj * fmts[0].block_size, data, d, m))
-    return QuantWeight.cat_groups(pieces)
+        g0 = g1
+    return QuantWeight(fmts[0].kind, n, nj_ * fmts[0].block_size, data, d, m)
 
 
 def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int:

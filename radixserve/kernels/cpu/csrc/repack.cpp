@@ -74,7 +74,16 @@ inline void k4_scale_min(const uint8_t* sc12, int s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
+// 32 values q (0..15, or the low 4 bits of 0..63) of one row's 32-block as quant_linear's nibble bytes: byte
+// (t, c) at out[t * 32 + c] (the row's lane is `out` + 4 i) = q[8t + c] | q[8t + 4 + c] << 4
+inline void put_nibbles(const uint8_t* q, uint8_t* out) {
+  for (int t = 0; t < 4; ++t) {
+    for (int c = 0; c < 4; ++c) out[t * 32 + c] = static_cast<uint8_t>((q[8 * t + c] & 0x0F) | (q[8 * t + 4 + c] & 0x0F) << 4);
+  }
+}
+
 void repack_q4_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_t* data, uint8_t* d, uint8_t* m) {
+  uint8_t q[32];
   for (int64_t j = 0; j < nj; ++j) {
     uint8_t* drec = d + j * 96;
     uint8_t* mrec = m + j * 96;
@@ -88,46 +97,45 @@ void repack_q4_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_
         drec[32 + s * kRows + i] = sc;
         mrec[32 + s * kRows + i] = mn;
       }
+      // 32-block b = 8 j + s: element e = nibble (s & 1) of qs[32 (s / 2) + e]
       const uint8_t* qs = blk + 16;
-      for (int s = 0; s < 8; ++s) {  // 32-block b = 8 j + s: element e = nibble (s & 1) of qs[32 (s / 2) + e]
+      for (int s = 0; s < 8; ++s) {
         const uint8_t* src = qs + 32 * (s / 2);
         const int shift = 4 * (s & 1);
-        uint8_t* out = data + (j * 8 + s) * 128 + i * 4;
-        for (int t = 0; t < 4; ++t) {
-          for (int c = 0; c < 4; ++c) {
-            const uint8_t lo = (src[8 * t + c] >> shift) & 0x0F, hi = (src[8 * t + 4 + c] >> shift) & 0x0F;
-            out[t * 32 + c] = static_cast<uint8_t>(lo | hi << 4);
-          }
-        }
+        for (int e = 0; e < 32; ++e) q[e] = static_cast<uint8_t>(src[e] >> shift);
+        put_nibbles(q, data + (j * 8 + s) * 128 + i * 4);
       }
     }
   }
 }
 
 void repack_q6_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_t* data, uint8_t* d) {
+  uint8_t q[256];  // q + 32: 0..63
   for (int64_t j = 0; j < nj; ++j) {
     uint8_t* drec = d + j * 160;
     for (int i = 0; i < kRows; ++i) {
       const uint8_t* blk = raw + i * row_bytes + j * 210;
       store_f32(drec + 4 * i, f16_to_f32(load_u16(blk + 208)));
       for (int s = 0; s < 16; ++s) drec[32 + s * kRows + i] = blk[192 + s];
+      // element 128 h + r: low 4 bits in ql[64 h + r % 64] >> 4 (r / 64), top 2 in qh[32 h + r % 32] >> 2 (r / 32)
       const uint8_t *ql = blk, *qh = blk + 128;
-      // element v < 256: low = ql[64 h + r % 64] >> 4 (r / 64), top = qh[32 h + r % 32] >> 2 (r / 32), h = v / 128
-      auto lo = [&](int v) { const int h = v >> 7, r = v & 127; return (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0F; };
-      auto top = [&](int v) { const int h = v >> 7, r = v & 127; return (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03; };
-      for (int b = 0; b < 8; ++b) {
-        uint8_t* out = data + (j * 8 + b) * 192 + i * 4;
-        const int v0 = 32 * b;
-        for (int t = 0; t < 4; ++t) {
-          for (int c = 0; c < 4; ++c) {
-            out[t * 32 + c] = static_cast<uint8_t>(lo(v0 + 8 * t + c) | lo(v0 + 8 * t + 4 + c) << 4);
-          }
+      for (int h = 0; h < 2; ++h) {
+        for (int r = 0; r < 128; ++r) {
+          const int lo = (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0F;
+          const int top = (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03;
+          q[128 * h + r] = static_cast<uint8_t>(lo | top << 4);
         }
+      }
+      for (int b = 0; b < 8; ++b) {
+        const uint8_t* qb = q + 32 * b;
+        uint8_t* out = data + (j * 8 + b) * 192 + i * 4;
+        put_nibbles(qb, out);
+        // plane p, byte c: bits 4-5 of element 8t + 4h + c (t = 2p + tt) at bits 4 tt + 2 h
         for (int p = 0; p < 2; ++p) {
           for (int c = 0; c < 4; ++c) {
             int byte = 0;
             for (int tt = 0; tt < 2; ++tt) {
-              for (int h = 0; h < 2; ++h) byte |= top(v0 + 8 * (2 * p + tt) + 4 * h + c) << (4 * tt + 2 * h);
+              for (int h = 0; h < 2; ++h) byte |= (qb[8 * (2 * p + tt) + 4 * h + c] >> 4) << (4 * tt + 2 * h);
             }
             out[128 + p * 32 + c] = static_cast<uint8_t>(byte);
           }
