@@ -48,6 +48,7 @@ from radixserve.layers.linear import (
     resolve_low_bit_max_rows,
 )
 from radixserve.layers.logits_processor import LogitsProcessorOutput
+from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
@@ -293,7 +294,11 @@ class ModelRunner:
                            type(self.model).__name__)
             self.quantization = "none"
             return
-        self.quant_report = quantize_model(self.model, self.quantization, sources, lambda _, m: m.weight)
+        # the loaded float weights (a HF folder: int8 / int4 re-quantise them in place)
+        def dense(_: str, m: torch.nn.Module) -> Any:
+            return (m.w13, m.w2) if isinstance(m, FusedMoE) else m.weight
+
+        self.quant_report = quantize_model(self.model, self.quantization, sources, dense)
         if not self.quant_report.counts:
             self.quantization = "none"  # e.g. an F16 / F32 GGUF: nothing to pack
         logger.info("quantization %s: %s (%.0f MB low-bit copy)", self.server_args.quantization,
