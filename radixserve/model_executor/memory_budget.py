@@ -18,6 +18,10 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -114,3 +118,44 @@ def activation_bytes(tokens: int, hidden: int, intermediate: int, qkv_width: int
     logits of `logit_rows` rows (and the sampler's copies of them)."""
     per_row = 4 * hidden + 2 * qkv_width + 3 * intermediate
     return tokens * per_row * elem + 3 * logit_rows * vocab * 4
+
+
+def plan_runner_memory(runner: ModelRunner, loaded: int | None = None) -> tuple[MemoryBudget, int]:
+    """A ModelRunner's budget (and the bytes of a minimal KV pool), planned after its model was built with empty
+    parameters and before any weight is read: a model whose weights and largest step cannot fit beside a minimal
+    KV pool is refused here, with the sizes. `loaded`: the bytes of weights already held (a shared model, already
+    counted out of `available`)."""
+    import torch  # the module's arithmetic is torch-free (tests use it on plain numbers)
+
+    from radixserve.model_loader import model_kind  # lazy: the loaders import this module (gib)
+    from radixserve.model_loader.gguf import GGUFBlocks  # lazy: as above
+    from radixserve.model_loader.gguf_loader import estimate_weight_bytes  # lazy: as above
+
+    args, cfg = runner.server_args, runner.model_config
+    if runner.device.type == "cuda":
+        available = torch.cuda.mem_get_info(runner.device)[0]
+    else:  # the machine's memory is shared by its scheduler processes (tp / pp ranks, dp replicas)
+        available = available_memory() // runner.local_procs
+    budget = MemoryBudget(available, args.mem_fraction_static)
+    gguf = model_kind(runner.model_path) == "gguf" and loaded is None
+    if loaded is not None:
+        budget.weights = 0
+    elif gguf and runner.quantization != "none":
+        budget.weights = estimate_weight_bytes(runner.model, GGUFBlocks(runner.model_path), runner.quantization, 4)
+    else:  # float weights are read in float32 (the activations' dtype) before any packing
+        budget.weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    tp = runner.parallel_state.tp_size
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim // tp
+    inter = max(cfg.intermediate_size, cfg.moe_intermediate_size * max(1, cfg.num_experts_per_tok)) // tp
+    tokens = max(args.effective_chunk_size or args.max_prefill_tokens, args.max_running_requests)
+    budget.activations = activation_bytes(tokens, cfg.hidden_size, inter, qkv, cfg.vocab_size,
+                                          args.max_running_requests, runner.act_dtype.itemsize)
+    min_kv = runner._kv_bytes_per_token() * max(MIN_KV_TOKENS, args.max_total_tokens or 0)
+    if gguf and runner.quantization == "none" and budget.weights + budget.activations + min_kv > budget.total:
+        raise ValueError(
+            f"the exact mode (--quantization none) needs {gib(budget.weights)} of float32 weights; "
+            f"{gib(budget.total - budget.activations - min_kv)} are available to them (mem_fraction_static "
+            f"{budget.fraction} of {gib(budget.available)}, less activations and a minimal KV pool); "
+            "use --quantization auto")
+    budget.check_weights_fit(min_kv, f"{os.path.basename(runner.model_path)} ({runner.quantization})")
+    return budget, min_kv

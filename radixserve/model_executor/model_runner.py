@@ -58,18 +58,11 @@ from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch, PPProxyTensors
-from radixserve.model_executor.memory_budget import (
-    MIN_KV_TOKENS,
-    MemoryBudget,
-    activation_bytes,
-    available_memory,
-    gib,
-)
+from radixserve.model_executor.memory_budget import plan_runner_memory
 from radixserve.model_executor.pipeline_stage import PipelineStage
 from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
 from radixserve.model_loader import get_model_config, iterate_weights, model_kind
-from radixserve.model_loader.gguf import GGUFBlocks
-from radixserve.model_loader.gguf_loader import estimate_weight_bytes, float_copy_bytes, load_gguf_low_bit
+from radixserve.model_loader.gguf_loader import load_for_runner
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
 from radixserve.speculative.spec_info import SpeculativeAlgorithm
@@ -192,17 +185,20 @@ class ModelRunner:
             if has_float_weights(model):  # idempotent: a shared model is prepared once
                 prepare_float_weights(model, self.linear_backend, self.dtype, self._low_bit_only())
             self.weight_bytes = model_weight_bytes(model)
-            self._plan_memory(loaded=self.weight_bytes)
+            self.memory_budget, self._min_kv_bytes = plan_runner_memory(self, self.weight_bytes)
             return
         cls = get_model_class(self.model_config.architecture)
         # empty parameters: nothing is resident until a loader writes it (the GGUF low-bit path never does)
         self.model = cls(self.model_config, self.parallel_state).to(dtype=self.act_dtype)
         # a pipeline stage reads only its tensors
         keep = self.model.holds_checkpoint_tensor if self.pp_size > 1 else None
-        gguf_low_bit = self.quantization != "none" and model_kind(self.model_path) == "gguf"
-        self._plan_memory()
-        if gguf_low_bit:
-            self._load_gguf_low_bit(keep)
+        # the memory budget, checked before any weight is read (model_executor/memory_budget.py)
+        self.memory_budget, self._min_kv_bytes = plan_runner_memory(self)
+        if self.quantization != "none" and model_kind(self.model_path) == "gguf":
+            # from the mapped file; long steps' float copies only where they fit (it may turn quant_max_rows off)
+            self.quant_report, self.quant_max_rows = load_for_runner(self, keep)
+            self.model.to(self.device).eval()
+            self.quantization = self.quantization if self.quant_report.counts else "none"  # F16 / F32: nothing packed
         else:
             self.model.load_weights(iterate_weights(self.model_path, keep))
             self.model.to(self.device).eval()
@@ -213,71 +209,13 @@ class ModelRunner:
                 release_float_weights(self.model)
         prepare_float_weights(self.model, self.linear_backend, self.dtype, self._low_bit_only())
         self.weight_bytes = model_weight_bytes(self.model)
-        budget = self.memory_budget
-        budget.weights = self.weight_bytes - budget.float_copy  # measured now
+        self.memory_budget.weights = self.weight_bytes - self.memory_budget.float_copy  # measured now
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
 
-    def _plan_memory(self, loaded: int | None = None) -> None:
-        """The memory budget (model_executor/memory_budget.py), checked before any weight is read: a model whose
-        weights and largest step cannot fit beside a minimal KV pool is refused here, with the sizes. `loaded`:
-        the bytes of weights already held (a shared model)."""
-        args, cfg = self.server_args, self.model_config
-        if self.device.type == "cuda":
-            available = torch.cuda.mem_get_info(self.device)[0]
-        else:  # the machine's memory is shared by its scheduler processes (tp / pp ranks, dp replicas)
-            available = available_memory() // self.local_procs
-        budget = self.memory_budget = MemoryBudget(available, args.mem_fraction_static)
-        gguf = model_kind(self.model_path) == "gguf" and loaded is None
-        if loaded is not None:  # another runner's model: already in memory, and in `available` already
-            budget.weights = 0
-        elif gguf and self.quantization != "none":
-            budget.weights = estimate_weight_bytes(self.model, GGUFBlocks(self.model_path), self.quantization, 4)
-        else:  # float weights are read in float32 (the activations' dtype) before any packing
-            budget.weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        ps = self.parallel_state
-        qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim // ps.tp_size
-        inter = max(cfg.intermediate_size, cfg.moe_intermediate_size * max(1, cfg.num_experts_per_tok)) // ps.tp_size
-        tokens = max(args.effective_chunk_size or args.max_prefill_tokens, args.max_running_requests)
-        budget.activations = activation_bytes(tokens, cfg.hidden_size, inter, qkv, cfg.vocab_size,
-                                              args.max_running_requests, self.act_dtype.itemsize)
-        min_kv = self._kv_bytes_per_token() * max(MIN_KV_TOKENS, args.max_total_tokens or 0)
-        if gguf and self.quantization == "none" and budget.weights + budget.activations + min_kv > budget.total:
-            raise ValueError(
-                f"the exact mode (--quantization none) needs {gib(budget.weights)} of float32 weights; "
-                f"{gib(budget.total - budget.activations - min_kv)} are available to them (mem_fraction_static "
-                f"{budget.fraction} of {gib(budget.available)}, less activations and a minimal KV pool); "
-                "use --quantization auto")
-        budget.check_weights_fit(min_kv, f"{os.path.basename(self.model_path)} ({self.quantization})")
-        self._min_kv_bytes = min_kv
-
-    def _load_gguf_low_bit(self, keep: Any) -> None:
-        """A GGUF's low-bit layers straight from the mapped file (model_loader/gguf_loader.py), plus the float
-        copies long steps run on where the GEMMs are bf16 on AMX, when the budget has room for them."""
-        float_copy = None
-        if self.quant_max_rows is not None:
-            need = float_copy_bytes(self.model, self.dtype)
-            if self.memory_budget.float_copy_fits(need, self._min_kv_bytes):
-                float_copy = (self.linear_backend, self.dtype)
-                self.memory_budget.float_copy = need
-                logger.info("float copy: %s of %s weights for steps over %d rows (their GEMMs are faster there)",
-                            gib(need), self.dtype, self.quant_max_rows)
-            else:
-                logger.warning("float copy: no room for %s of %s weights in the memory budget (%s); every step runs "
-                               "on the low-bit weights", gib(need), self.dtype, self.memory_budget.describe())
-                self.quant_max_rows = None
-        self.quant_report = load_gguf_low_bit(self.model, self.model_path, self.quantization, keep, float_copy)
-        self.model.to(self.device).eval()
-        if not self.quant_report.counts:
-            self.quantization = "none"  # e.g. an F16 / F32 GGUF: nothing to pack
-        logger.info("quantization %s: %s (%.0f MB low-bit, from the mapped file)", self.server_args.quantization,
-                    self.quant_report.summary(), self.quant_report.bytes / 2**20)
-
     def _kv_bytes_per_token(self) -> int:
-        cfg = self.model_config
         # this stage's layers and this rank's KV heads only: a pipeline stage's pool fits more tokens
-        return KVPool.bytes_per_token(
-            len(self.stage_layers), max(1, cfg.num_key_value_heads // self.tp_size), cfg.head_dim, self.kv_cache_dtype
-        )
+        kv_heads = max(1, self.model_config.num_key_value_heads // self.tp_size)
+        return KVPool.bytes_per_token(len(self.stage_layers), kv_heads, self.model_config.head_dim, self.kv_cache_dtype)
 
     def low_bit_row_limit(self) -> int | None:
         """Most rows a step may have and still run on the low-bit kernels; None = any number, or no low-bit

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -27,7 +28,11 @@ from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
 from radixserve.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from radixserve.model_executor.memory_budget import gib
 from radixserve.model_loader.gguf import GGUFBlocks, iterate_gguf_weights
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -198,3 +203,24 @@ def _make_float_copies(model: nn.Module, dense: Callable, backend: str, dtype: t
         if isinstance(mod, ParallelLMHead):
             mod.weight.weight_loader = mod.weight_loader
         prepare_float_weight(mod, backend, dtype, release=True)
+
+
+def load_for_runner(runner: ModelRunner, keep: Callable[[str], bool] | None) -> tuple[QuantReport, int | None]:
+    """A ModelRunner's GGUF in its low-bit mode: the float copies of long steps (bf16 GEMMs on AMX: quant_max_rows
+    set) only when its memory budget has room for them beside a minimal KV pool, the choice logged. Returns the
+    report and the quant_max_rows the runner keeps (None: every step low-bit)."""
+    budget, max_rows, float_copy = runner.memory_budget, runner.quant_max_rows, None
+    if max_rows is not None:
+        need = float_copy_bytes(runner.model, runner.dtype)
+        if budget.float_copy_fits(need, runner._min_kv_bytes):
+            float_copy, budget.float_copy = (runner.linear_backend, runner.dtype), need
+            logger.info("float copy: %s of %s weights for steps over %d rows (their GEMMs are faster there)",
+                        gib(need), runner.dtype, max_rows)
+        else:
+            logger.warning("float copy: no room for %s of %s weights in the memory budget (%s); every step runs on "
+                           "the low-bit weights", gib(need), runner.dtype, budget.describe())
+            max_rows = None
+    report = load_gguf_low_bit(runner.model, runner.model_path, runner.quantization, keep, float_copy)
+    logger.info("quantization %s: %s (%.0f MB low-bit, from the mapped file)", runner.server_args.quantization,
+                report.summary(), report.bytes / 2**20)
+    return report, max_rows
