@@ -293,9 +293,19 @@ def _plan_experts(name: str, mod: FusedMoE, mode: str, gguf_blocks: BlockSource 
                 src = f"{name}.{part}_proj.weight[{e}]"
                 return mod.shard_rows(part, fmts[i].rows(blocks[i][e], src), src)
 
-            gate_up = [_joined(expert_rows(0, e), expert_rows(1, e)) for e in local]
-            down = [expert_rows(2, e) for e in local]
-            _set_experts(mod, gate_up, down, report)
+            def packed(parts: list[int], e: int) -> QuantWeight | QuantRows:
+                """An expert's projection: csrc/repack.cpp's one pass where it applies (every part Q4_K or every
+                one Q6_K, no expert-TP cut), else the converted rows (packed by _set_experts)."""
+                if mod.ps.moe_tp_size == 1:
+                    views = [blocks[i][e] for i in parts]
+                    whole = [(0, 0, v.shape[0], v.shape[0]) for v in views]
+                    fast = _repack_in_cpp([fmts[i] for i in parts], views, whole)
+                    if fast is not None:
+                        return fast
+                rows = [expert_rows(i, e) for i in parts]
+                return rows[0] if len(rows) == 1 else _joined(*rows)
+
+            _set_experts(mod, [packed([0, 1], e) for e in local], [packed([2], e) for e in local], report)
             return
         want = _requant_kind(name, fmts, types, report)
     w13, w2 = dense(name, mod)  # type: ignore[misc]
@@ -309,9 +319,13 @@ def _joined(a: QuantRows, b: QuantRows) -> QuantRows:
     return QuantRows.cat([a.promote(kind), b.promote(kind)])
 
 
-def _set_experts(mod: FusedMoE, gate_up: list[QuantRows], down: list[QuantRows], report: QuantReport) -> None:
-    w13 = ExpertQuantWeight.stack([QuantWeight.from_rows(r) for r in gate_up])
-    w2 = ExpertQuantWeight.stack([QuantWeight.from_rows(r) for r in down])
+def _set_experts(mod: FusedMoE, gate_up: list[QuantRows | QuantWeight], down: list[QuantRows | QuantWeight],
+                 report: QuantReport) -> None:
+    def weight(r: QuantRows | QuantWeight) -> QuantWeight:
+        return r if isinstance(r, QuantWeight) else QuantWeight.from_rows(r)
+
+    w13 = ExpertQuantWeight.stack([weight(r) for r in gate_up])
+    w2 = ExpertQuantWeight.stack([weight(r) for r in down])
     mod.set_low_bit(w13, w2)
     for w in (w13, w2):
         report.counts[w.name] = report.counts.get(w.name, 0) + 1
