@@ -43,18 +43,18 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         self.blocks: np.ndarray | None = None  # map_blocks: this rank's rows of the file, uint8 [rows, row bytes]
-        self.blocks_qtype: object = None
+        self.blocks_qtype: gguf.GGMLQuantizationType | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         rows = loaded[self.start : self.start + self.rows_per_rank]
         param.data[: rows.shape[0]].copy_(rows)
         param.data[rows.shape[0] :].zero_()  # vocabulary padding (tp): rows that compute 0
 
-    def map_blocks(self, raw: np.ndarray, qtype: object) -> None:
+    def map_blocks(self, raw: np.ndarray, qtype: str) -> None:
         """Look tokens up in the file's block rows `raw` (uint8 [vocab, row bytes], a view of the mapped file) of
-        ggml type `qtype` instead of float rows; the float weight is dropped (it was never loaded)."""
+        ggml type `qtype` ("Q8_0") instead of float rows; the float weight is dropped (it was never loaded)."""
         self.blocks = raw[self.start : self.start + self.rows_per_rank]
-        self.blocks_qtype = qtype
+        self.blocks_qtype = gguf.GGMLQuantizationType[qtype]
         self.weight = None
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:

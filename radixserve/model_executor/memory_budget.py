@@ -150,7 +150,10 @@ def plan_runner_memory(runner: ModelRunner, loaded: int | None = None) -> tuple[
     tokens = max(args.effective_chunk_size or args.max_prefill_tokens, args.max_running_requests)
     budget.activations = activation_bytes(tokens, cfg.hidden_size, inter, qkv, cfg.vocab_size,
                                           args.max_running_requests, runner.act_dtype.itemsize)
-    min_kv = runner._kv_bytes_per_token() * max(MIN_KV_TOKENS, args.max_total_tokens or 0)
+    per_token = runner._kv_bytes_per_token()
+    min_kv = per_token * max(MIN_KV_TOKENS, args.max_total_tokens or 0)
+    if args.max_total_tokens and budget.weights + budget.activations + min_kv > budget.total:
+        budget.size_kv_pool(per_token, None, args.max_total_tokens, args.page_size)  # raises, naming the field
     if gguf and runner.quantization == "none" and budget.weights + budget.activations + min_kv > budget.total:
         raise ValueError(
             f"the exact mode (--quantization none) needs {gib(budget.weights)} of float32 weights; "

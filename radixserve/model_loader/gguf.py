@@ -149,9 +149,6 @@ class GGUFBlocks:
     def __contains__(self, hf_name: object) -> bool:
         return hf_name in self._plan
 
-    def names(self) -> list[str]:
-        return list(self._plan)
-
     def qtype(self, hf_name: str) -> str:
         """The ggml type name of parameter `hf_name` (e.g. "Q4_K")."""
         return self.file.tensors[self._plan[hf_name][0]].tensor_type.name
@@ -163,9 +160,6 @@ class GGUFBlocks:
         """Whether its blocks become a kernel kind without loss (gguf_formats.EXACT_TYPES) as a 2-D or 3-D
         matrix: what `--quantization auto` keeps packed."""
         return self.qtype(hf_name) in EXACT_TYPES and len(self.shape(hf_name)) in (2, 3)
-
-    def nbytes(self, hf_name: str) -> int:
-        return int(self.file.tensors[self._plan[hf_name][0]].n_bytes)
 
     def rows(self, hf_name: str) -> np.ndarray:
         """The file's block rows of `hf_name` (a read-only view of the mapped file unless un-permuted)."""

@@ -156,7 +156,7 @@ def load_gguf_low_bit(model: nn.Module, path: str, mode: str, keep: Callable[[st
     if emb is not None:
         mapped = _maps_embedding(blocks, mode)
         if mapped:
-            emb.map_blocks(blocks.rows(EMBED), blocks.file.tensors[blocks._plan[EMBED][0]].tensor_type)
+            emb.map_blocks(blocks.rows(EMBED), blocks.qtype(EMBED))
         served[EMBED] = served.get(EMBED, True) and mapped
     skip = {name for name, ok in served.items() if ok}
     model.load_weights(iterate_gguf_weights(path, lambda n: n not in skip and (keep is None or keep(n))))

@@ -235,17 +235,14 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
     if any(dim != 0 or padded != v.shape[0] or v.shape[0] % QROWS for v, (dim, _, _, padded) in zip(views, cuts)):
         return None
     ops, _ = load_cpu_ops()
-    if ops is None or not hasattr(ops, "repack_kquant"):
+    if ops is None:
         return None
     qid, block_data, record, has_min = _CPP_REPACK[fmts[0].name]
-    nj = {v.shape[1] // fmts[0].block_bytes for v in views}
-    if len(nj) != 1:
-        return None
-    nj_ = nj.pop()
+    nj = views[0].shape[1] // fmts[0].block_bytes  # super-blocks a row: one K for every stacked source
     n = sum(v.shape[0] for v in views)
     # the whole stack's tensors at once, each source's 8-row groups written in place (no copy to join them)
-    data = torch.empty(n // QROWS, nj_ * 8 * block_data, dtype=torch.uint8)
-    d = torch.empty(n // QROWS, nj_ * record, dtype=torch.uint8)
+    data = torch.empty(n // QROWS, nj * 8 * block_data, dtype=torch.uint8)
+    d = torch.empty(n // QROWS, nj * record, dtype=torch.uint8)
     m = torch.empty_like(d) if has_min else None
     g0 = 0
     for v in views:
@@ -256,7 +253,7 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
         if not ops.repack_kquant(raw, qid, data[g0:g1], d[g0:g1], None if m is None else m[g0:g1]):
             return None
         g0 = g1
-    return QuantWeight(fmts[0].kind, n, nj_ * fmts[0].block_size, data, d, m)
+    return QuantWeight(fmts[0].kind, n, nj * fmts[0].block_size, data, d, m)
 
 
 def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int:
