@@ -55,6 +55,8 @@ from radixserve.entrypoints.server_routes import add_info_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
 from radixserve.entrypoints.serving_completions import OpenAIServingCompletion
 from radixserve.entrypoints.serving_generate import NativeServing
+from radixserve.entrypoints.surfaces import SCHEMA_MODELS as SURFACE_SCHEMA_MODELS
+from radixserve.entrypoints.surfaces import add_surface_routes, make_surface_servings
 from radixserve.entrypoints.web.routes import add_web_routes
 from radixserve.entrypoints.worker_node import run_worker_node
 from radixserve.exceptions import SchedulerDied
@@ -107,6 +109,7 @@ def build_app(state: ServerState) -> FastAPI:
                         completions=OpenAIServingCompletion(tm, args, state.metrics),
                         generate=NativeServing(tm, args, state.metrics))
         servings.update(make_embedding_servings(tm, args, state.metrics, servings["chat"]))  # + /tokenize
+        servings.update(make_surface_servings(tm, args, state.metrics, servings))  # Anthropic, Responses, Ollama, rerank
 
         async def watchdog() -> None:
             while state.handle.is_alive():
@@ -161,9 +164,11 @@ def build_app(state: ServerState) -> FastAPI:
     add_info_routes(app, state, servings)
     add_embedding_routes(app, state, servings)  # /v1/embeddings, /tokenize, /detokenize
     add_lora_routes(app, state)  # /load_lora_adapter, /unload_lora_adapter
+    add_surface_routes(app, state, servings)  # /v1/messages, /v1/responses, /api/*, /v1/rerank (surfaces.py)
     web_feed = add_web_routes(app, state)  # the playground at /, its metrics stream, tree and step views
     install_openapi(app, [GenerateRequest, CompletionRequest, CompletionResponse, ChatCompletionRequest,
-                          ChatCompletionResponse, AbortRequest, ModelList, ModelCard, *EMBEDDING_SCHEMA_MODELS])
+                          ChatCompletionResponse, AbortRequest, ModelList, ModelCard, *EMBEDDING_SCHEMA_MODELS,
+                          *SURFACE_SCHEMA_MODELS])
 
     return app
 

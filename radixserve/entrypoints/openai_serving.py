@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -121,26 +121,44 @@ def scheduler_died(e: SchedulerDied) -> APIError:
     return APIError(503, f"the model is not available: {e}", code="scheduler_unavailable")
 
 
+# Routes of other APIs answer errors in their own shape (Anthropic's {"type": "error", ...}, Ollama's
+# {"error": "..."}): path prefix -> renderer, registered by each surface (entrypoints/surfaces.py).
+ErrorShape = Callable[[APIError], Response]
+_ERROR_SHAPES: dict[str, ErrorShape] = {}
+
+
+def register_error_shape(prefix: str, render: ErrorShape) -> None:
+    """Errors on paths starting with `prefix` are rendered by `render` instead of as OpenAI's body."""
+    _ERROR_SHAPES[prefix] = render
+
+
+def render_error(path: str, err: APIError) -> Response:
+    """The error response for a request to `path`: the longest registered prefix wins."""
+    best = max((p for p in _ERROR_SHAPES if path.startswith(p)), key=len, default=None)
+    return _ERROR_SHAPES[best](err) if best is not None else err.response()
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves as OpenAI's {"error": {...}} JSON: never FastAPI's 422 or {"detail"}."""
+    """Every error leaves as OpenAI's {"error": {...}} JSON (or its route's API's shape: render_error),
+    never FastAPI's 422 or {"detail"}."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> Response:
-        return e.response()
+    async def _api_error(request: Request, e: APIError) -> Response:
+        return render_error(request.url.path, e)
 
     @app.exception_handler(ValueError)
-    async def _value_error(_: Request, e: ValueError) -> Response:
-        return APIError.from_value_error(e).response()
+    async def _value_error(request: Request, e: ValueError) -> Response:
+        return render_error(request.url.path, APIError.from_value_error(e))
 
     @app.exception_handler(SchedulerDied)
     @app.exception_handler(ServerUnavailable)
     @app.exception_handler(QueueFull)
     @app.exception_handler(RequestError)
     @app.exception_handler(BodyTooLarge)
-    async def _mapped(_: Request, e: Exception) -> Response:
+    async def _mapped(request: Request, e: Exception) -> Response:
         err = APIError.from_exception(e)
         assert err is not None
-        return err.response()
+        return render_error(request.url.path, err)
 
     @app.exception_handler(ConnectionAbortedError)
     async def _client_gone(_: Request, e: ConnectionAbortedError) -> Response:
@@ -148,21 +166,21 @@ def install_error_handlers(app: FastAPI) -> None:
         return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, e: RequestValidationError) -> Response:
+    async def _validation(request: Request, e: RequestValidationError) -> Response:
         err = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
         loc = ".".join(str(x) for x in err.get("loc", ())[1:])  # drop "body" / "query"
         message = f"{loc}: {err['msg']}" if loc else err["msg"]
-        return APIError(400, message, loc or None, "invalid_type").response()
+        return render_error(request.url.path, APIError(400, message, loc or None, "invalid_type"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, e: StarletteHTTPException) -> Response:
+    async def _http_error(request: Request, e: StarletteHTTPException) -> Response:
         code = "not_found" if e.status_code == 404 else None
-        return APIError(e.status_code, str(e.detail), code=code).response()
+        return render_error(request.url.path, APIError(e.status_code, str(e.detail), code=code))
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, e: Exception) -> Response:
+    async def _internal(request: Request, e: Exception) -> Response:
         logger.exception("unhandled error")
-        return APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error").response()
+        return render_error(request.url.path, APIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error"))
 
 
 async def parse_body(request: Request, model: type[Any]) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from radixserve.entrypoints.openai_serving import APIError, BodyTooLarge
+from radixserve.entrypoints.openai_serving import APIError, BodyTooLarge, render_error
 
 OPEN_PATHS = frozenset({"/health", "/"})  # the liveness probe load balancers call; the web page
 OPEN_PREFIXES = ("/web/",)  # the page's scripts and styles (entrypoints/web/static)
@@ -34,7 +34,7 @@ class RequestGate:
         headers = dict(scope["headers"])
         err = self._check(scope, headers)
         if err is not None:
-            await err.response()(scope, receive, send)
+            await render_error(scope["path"], err)(scope, receive, send)
             return
         if scope["method"] in ("POST", "PUT", "PATCH"):
             receive = self._limited(receive, scope, send)
@@ -43,10 +43,17 @@ class RequestGate:
     def _check(self, scope: dict[str, Any], headers: dict[bytes, bytes]) -> APIError | None:
         path = scope["path"]
         if self.expected is not None and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
+            # OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key: either opens the gate
             given = headers.get(b"authorization", b"")
-            if not secrets.compare_digest(given.strip(), self.expected):
+            if given:
+                ok = secrets.compare_digest(given.strip(), self.expected)
+            else:
+                given = headers.get(b"x-api-key", b"")
+                ok = secrets.compare_digest(b"Bearer " + given.strip(), self.expected)
+            if not ok:
                 why = "missing" if not given else "incorrect"
-                return APIError(401, f"{why} API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+                return APIError(401, f"{why} API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                                code="invalid_api_key")
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return None
         length = headers.get(b"content-length")

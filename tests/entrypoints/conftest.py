@@ -153,3 +153,29 @@ def sclient(structured_server: ServerProcess) -> Any:
     import openai
 
     return openai.OpenAI(base_url=structured_server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+REASONING_CONTEXT = 1024
+THINK_TEMPLATE = (  # ChatML (SmolLM2's own) whose generation prompt opens the thinking, as R1 distills' do
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}{{ '<think>\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The default model with `--reasoning-parser auto` and a template that opens `<think>` (served as "smol"):
+    SmolLM2 never closes a thinking itself, so tests set a thinking budget. Shared by the reasoning tests of
+    every API surface (chat, Anthropic Messages, Responses, Ollama)."""
+    path = tmp_path_factory.mktemp("reasoning") / "think.jinja"
+    path.write_text(THINK_TEMPLATE)
+    srv = ServerProcess(["--reasoning-parser", "auto", "--chat-template", str(path), "--context-length",
+                         str(REASONING_CONTEXT), "--max-total-tokens", "16384", "--api-key", API_KEY,
+                         "--served-model-name", "smol"], api_key=API_KEY, context_len=REASONING_CONTEXT)
+    srv.start()
+    srv.wait_ready()
+    yield srv
+    srv.stop()
+    shutil.rmtree(srv.tmpdir, ignore_errors=True)

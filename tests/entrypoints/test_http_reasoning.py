@@ -20,30 +20,18 @@ import openai
 import pytest
 
 from radixserve.parser.reasoning_parser import REASONING_PARSER_NAMES, THINK_END
-from tests.entrypoints.conftest import API_KEY
+from tests.entrypoints.conftest import API_KEY, REASONING_CONTEXT
 from tests.entrypoints.test_http_structured import ADD, TOOLS
-from tests.server_process import ServerProcess
 
-CONTEXT = 1024
-TEMPLATE = (  # ChatML (SmolLM2's own) whose generation prompt opens the thinking, as R1 distills' do
-    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] or '') + '<|im_end|>\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- else %}{{ '<think>\\n' }}{%- endif %}{%- endif %}"
-)
+CONTEXT = REASONING_CONTEXT
 ASK = [{"role": "user", "content": "Name a colour of the sky."}]
 SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 20}}, "required": ["colour"]}
 N = 8  # the thinking budget
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("reasoning") / "think.jinja"
-    path.write_text(TEMPLATE)
-    s = ServerProcess(["--reasoning-parser", "auto", "--chat-template", str(path), "--context-length", str(CONTEXT),
-                       "--max-total-tokens", "16384", "--api-key", API_KEY, "--served-model-name", "smol"],
-                      api_key=API_KEY)
-    yield from s.running()
+def srv(reasoning_server):
+    return reasoning_server
 
 
 @pytest.fixture(scope="module")
