@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from radixserve.bench import model_cost
+from radixserve.bench import decode_profile, model_cost
 from radixserve.bench.common import machine_info, parse_int_list, print_table, synchronize, write_json
 from radixserve.bench.roofline import measure_roofline
 from radixserve.bench.runner_driver import RunnerDriver
@@ -55,7 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--roofline-min-time", type=float, default=0.2)
     p.add_argument("--roofline-mem-mb", type=int, default=256)
     p.add_argument("--profile", action="store_true",
-                   help="torch.profiler over one decode step at the smallest and largest batch")
+                   help="split a batch-1 decode step (scheduler, Python, each kernel family with its GB/s: "
+                        "bench/decode_profile.py) at each context length, and torch.profiler over one decode step "
+                        "at the smallest and largest batch")
+    p.add_argument("--profile-steps", type=int, default=64, help="decode steps the batch-1 split averages over")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
                    help="ServerArgs.quantization to measure (none with --dtype float32 = the exact mode)")
@@ -74,15 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PROFILE_WARMUP = 8  # decode steps before the batch-1 split starts counting
+
+
 def needed_tokens(args: argparse.Namespace) -> int:
     steps = args.repeats + args.warmup + 2  # decode steps appended per row, +1 for --profile
+    if args.profile:
+        steps = max(steps, args.profile_steps + PROFILE_WARMUP + 2)  # the batch-1 split's one request
     decode = max(args.batch_sizes) * (max(args.context_lens) + steps)
     return max(decode, max(args.prefill_lens)) + 64
 
 
 def make_runner(args: argparse.Namespace) -> Any:
 
-    longest = max(max(args.context_lens) + args.repeats + args.warmup + 2, max(args.prefill_lens))
+    extra = max(args.repeats + args.warmup, (args.profile_steps + PROFILE_WARMUP) if args.profile else 0) + 2
+    longest = max(max(args.context_lens) + extra, max(args.prefill_lens))
     server_args = ServerArgs(
         model_path=args.model_path, max_total_tokens=args.max_total_tokens or needed_tokens(args),
         max_running_requests=max(args.batch_sizes) + 1, num_threads=args.threads, show_progress=False,
@@ -209,6 +218,9 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
             drv, args.context_lens, args.batch_sizes, args.repeats, args.warmup, args.profile)
     finally:
         drv.release_all()
+    if args.profile and runner.cpu_graph_runner is not None:
+        result["step_split"] = [decode_profile.profile_batch1(runner, ctx, args.profile_steps, PROFILE_WARMUP,
+                                                              seed=args.seed) for ctx in args.context_lens]
     measured = sorted({r["batch_size"] for r in result["decode"]})
     # the linears as this runner's forward runs them
     result["linear_only"] = [model_cost.time_linear_only(runner.model, bs, args.repeats, args.warmup,
@@ -232,6 +244,8 @@ def report(result: dict[str, Any]) -> None:
                 title="\nbatch-1 decode vs memory bandwidth (bytes read at least once per step)")
     for s in result.get("skipped", []):
         print(f"skipped batch {s['batch_size']} at context {s['context_len']}: {s['reason']}")
+    for split in result.get("step_split", []):
+        decode_profile.report(split)
     for prof in result.get("profiles", []):
         print_table(prof["top"], ["name", "calls", "self_ms", "pct"],
                     title=f"\nprofile: decode batch {prof['batch_size']} context {prof['context_len']}: wall "
@@ -271,6 +285,8 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 def main(argv: list[str] | None = None, runner: Any = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
+    if not 1 <= args.profile_steps <= 4096:
+        raise SystemExit("--profile-steps must be in 1..4096")
     if args.threads:
         torch.set_num_threads(args.threads)
     runner = runner or make_runner(args)

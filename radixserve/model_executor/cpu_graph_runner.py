@@ -26,6 +26,7 @@ The runner decides *how* a step runs, never *who* runs: can_run() looks only at 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,6 +81,8 @@ class CpuGraphRunner:
         self.max_rows = runner.low_bit_row_limit()  # None: any number of rows
         self.replays = 0
         self.lora_replays = 0  # of those, steps with adapter rows (their deltas inside the stack)
+        # cumulative seconds of a replay's three parts: what `bench one-batch --profile` splits a step into
+        self.timers = {"embed_s": 0.0, "stack_s": 0.0, "logits_s": 0.0}
         # each layer's four projections by module name: what LoRA weights are keyed by (lora_dense.py)
         names = {id(m): n for n, m in self.model.named_modules()}
         self._proj_names = [[names[id(p)] for p in _projections(layer)] for layer in self.model.model.layers]
@@ -177,7 +180,9 @@ class CpuGraphRunner:
         b = CpuPagedAttnBackend.whole_step_rows(fb)
         model = self.model
         lora = fb.lora_batch
+        t0 = time.perf_counter()
         x = model.model.embed(fb.input_ids)
+        t1 = time.perf_counter()
         if lora is None:
             hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)
         else:
@@ -185,10 +190,16 @@ class CpuGraphRunner:
             hidden = self.stack.forward_lora(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens,
                                              b.query_len, lora.dense.row_group)
             self.lora_replays += 1
+        t2 = time.perf_counter()
         self.replays += 1
         if self._moe_layers and model.expert_load is not None:  # the step's expert load, as the layers add it
             model.expert_load.add_layers(self._moe_layers, self.stack.expert_counts())
-        return model.logits_processor(hidden, model.lm_head, fb)
+        out = model.logits_processor(hidden, model.lm_head, fb)
+        tm = self.timers
+        tm["embed_s"] += t1 - t0
+        tm["stack_s"] += t2 - t1
+        tm["logits_s"] += time.perf_counter() - t2
+        return out
 
     def _bind_lora(self, weights: dict[str, DenseWeights]) -> None:
         """Hand the stack this adapter set's side-by-side weights, once per set (DenseCache makes a new dict

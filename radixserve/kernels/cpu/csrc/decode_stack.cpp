@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -48,6 +49,30 @@ namespace {
 
 enum class Activation { Silu, GeluTanh };
 
+// Where a step's time goes, for `radixserve bench one-batch --profile` (bench/decode_profile.py): each phase's
+// wall time, calls, weight bytes read and int8 multiply-adds x 2, summed over steps while profiling is on.
+// Off (the default) it costs one branch per phase; on, two steady_clock reads (~20 ns each) per phase.
+enum Phase : int { kNorm, kActQuant, kQkv, kRopeKv, kAttention, kO, kGateUp, kActFn, kDown, kMoe, kStep, kPhases };
+constexpr std::array<const char*, kPhases> kPhaseNames = {
+    "rms_norm", "act_quant", "qkv_proj", "rope_kv_write", "attention", "o_proj", "gate_up_proj", "act_fn",
+    "down_proj", "moe", "stack_total"};
+
+struct PhaseClock {
+  bool on = false;
+  std::array<int64_t, kPhases> ns{}, calls{}, bytes{}, ops{};
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start() const { return on ? Clock::now() : Clock::time_point(); }
+  void stop(Phase p, Clock::time_point t0, int64_t nbytes = 0, int64_t nops = 0) {
+    if (!on) return;
+    ns[p] += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    calls[p] += 1, bytes[p] += nbytes, ops[p] += nops;
+  }
+};
+
+inline int64_t tensors_bytes(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+  return a.nbytes() + b.nbytes() + c.nbytes();
+}
+
 struct LoraProj {  // one projection's side-by-side adapters (lora/lora_dense.py); undefined A = none
   at::Tensor A, Bt, blocks;  // Bt = B transposed [ranks, out]
 };
@@ -56,6 +81,7 @@ struct StackLayer {
   at::Tensor in_norm, post_norm, qkv_bias, k_buf, v_buf;
   std::vector<at::Tensor> keep;  // owns the weight tensors the QMats point into
   QMat qkv, o, gate_up, down;
+  int64_t qkv_bytes = 0, o_bytes = 0, gate_up_bytes = 0, down_bytes = 0;  // their blocks' bytes (the profile)
   // the layer's arithmetic (models/base.py LayerArithmetic); an undefined norm = not this layer's
   at::Tensor cos, sin;                      // its RoPE base's caches (Gemma 3: local and global differ)
   at::Tensor q_norm, k_norm;                // QK-norm (Qwen3, Gemma 3)
@@ -93,6 +119,7 @@ class DecodeStack : public torch::CustomClassHolder {
     L.keep.assign(t.begin() + 5, t.end());
     L.gate_up = qmat_from_tensors(kinds[2], 2 * I_, H_, t[11], t[12], t[13], "DecodeStack gate_up_proj");
     L.down = qmat_from_tensors(kinds[3], H_, I_, t[14], t[15], t[16], "DecodeStack down_proj");
+    L.gate_up_bytes = tensors_bytes(t[11], t[12], t[13]), L.down_bytes = tensors_bytes(t[14], t[15], t[16]);
     set_arithmetic(L, arith, window, softcap, activation);
     layers_.push_back(std::move(L));
   }
@@ -127,6 +154,33 @@ class DecodeStack : public torch::CustomClassHolder {
   at::Tensor expert_counts() const { return counts_; }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // Profiling (PhaseClock): on = start counting from zero; profile() = int64 [phases, 4]: ns, calls, bytes, ops,
+  // rows in profile_names()' order.
+  void set_profile(bool on) { clock_ = PhaseClock(), clock_.on = on; }
+  at::Tensor profile() const {
+    at::Tensor t = at::empty({kPhases, 4}, at::kLong);
+    auto a = t.accessor<int64_t, 2>();
+    for (int p = 0; p < kPhases; ++p) a[p][0] = clock_.ns[p], a[p][1] = clock_.calls[p], a[p][2] = clock_.bytes[p],
+                                      a[p][3] = clock_.ops[p];
+    return t;
+  }
+  std::vector<std::string> profile_names() const { return {kPhaseNames.begin(), kPhaseNames.end()}; }
+
+  // The cost of one empty parallel region over every thread (wake, run nothing, join), averaged over `iters`:
+  // each kernel above opens one, so the profile can say how much of a step is thread hand-offs.
+  double parallel_region_ns(int64_t iters) const {
+    const int64_t n = at::get_num_threads();
+    std::vector<int64_t> sink(static_cast<size_t>(std::max<int64_t>(n, 1)) * 16, 0);  // one cache line each
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) {
+      at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) sink[static_cast<size_t>(k) * 16] += 1;
+      });
+    }
+    const auto dt = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    return static_cast<double>(dt.count()) / static_cast<double>(std::max<int64_t>(iters, 1));
+  }
 
   // The adapters the next forward_lora steps apply: [A, Bt, blocks] for qkv, o, gate_up, down of layer 0,
   // then layer 1, ... (A empty = none); bound once per set of adapters, not per step.
@@ -217,57 +271,84 @@ class DecodeStack : public torch::CustomClassHolder {
     // a fresh tensor a step: the caller may still hold the last one (a dense stack allocates none)
     if (max_experts_ > 0)
       counts_ = at::zeros({static_cast<int64_t>(layers_.size()), max_experts_}, x_in.options().dtype(at::kLong));
+    PhaseClock& pc = clock_;
+    const auto step0 = pc.start();
+    const int64_t q_n = Hq_ * D_;
+    auto gemm = [&](Phase p, const QMat& w, int64_t nbytes, const float* bias, float* out, int64_t ldo) {
+      const auto t0 = pc.start();
+      qgemm(w, act_q_, bias, out, ldo);
+      pc.stop(p, t0, nbytes, 2 * M * w.N * w.K);
+    };
+    auto quantize = [&](const float* src, int64_t K) {
+      const auto t0 = pc.start();
+      quantize_rows_q8(src, M, K, K, act_q_);
+      pc.stop(kActQuant, t0);
+    };
+    auto norm = [&](at::Tensor& t, const c10::optional<at::Tensor>& res, const at::Tensor& w) {
+      const auto t0 = pc.start();
+      fused_add_rms_norm_(t, res, w, eps_);
+      pc.stop(kNorm, t0);
+    };
     for (size_t l = 0; l < layers_.size(); ++l) {
       StackLayer& Ly = layers_[l];
       if (l == 0) {
         residual.copy_(x);
-        fused_add_rms_norm_(x, no_residual, Ly.in_norm, eps_);
+        norm(x, no_residual, Ly.in_norm);
       } else {
-        fused_add_rms_norm_(x, with_residual, Ly.in_norm, eps_);
+        norm(x, with_residual, Ly.in_norm);
       }
-      quantize_rows_q8(xp, M, H_, H_, act_q_);
-      qgemm(Ly.qkv, act_q_, Ly.qkv_bias.numel() > 0 ? Ly.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
+      quantize(xp, H_);
+      gemm(kQkv, Ly.qkv, Ly.qkv_bytes, Ly.qkv_bias.numel() > 0 ? Ly.qkv_bias.data_ptr<float>() : nullptr, qkvp, qkv_n);
       if (row_group) lora_delta(lora_[l][0], x, qkv, *row_group);
+      auto t0 = pc.start();
       if (Ly.q_norm.defined()) qk_norm(Ly, qkvp, M);
       rope_(qk, positions, Ly.cos, Ly.sin);
       float* qp = q.data_ptr<float>();
-      for (int64_t i = 0; i < M; ++i) std::memcpy(qp + i * Hq_ * D_, qkvp + i * qkv_n, sizeof(float) * Hq_ * D_);
+      for (int64_t i = 0; i < M; ++i) std::memcpy(qp + i * q_n, qkvp + i * qkv_n, sizeof(float) * q_n);
       if (Ly.k_buf.scalar_type() == at::kBFloat16) {
         write_kv(reinterpret_cast<bf16_t*>(Ly.k_buf.data_ptr()), reinterpret_cast<bf16_t*>(Ly.v_buf.data_ptr()),
                  qkvp, qkv_n, loc, M);
       } else {
         write_kv(Ly.k_buf.data_ptr<float>(), Ly.v_buf.data_ptr<float>(), qkvp, qkv_n, loc, M);
       }
+      pc.stop(kRopeKv, t0);
+      t0 = pc.start();
       paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, Ly.window, Ly.softcap, attn);
-      quantize_rows_q8(attn.data_ptr<float>(), M, Hq_ * D_, Hq_ * D_, act_q_);
-      qgemm(Ly.o, act_q_, nullptr, xp, H_);
-      if (row_group) lora_delta(lora_[l][1], attn.view({M, Hq_ * D_}), x, *row_group);
+      pc.stop(kAttention, t0);
+      quantize(attn.data_ptr<float>(), q_n);
+      gemm(kO, Ly.o, Ly.o_bytes, nullptr, xp, H_);
+      if (row_group) lora_delta(lora_[l][1], attn.view({M, q_n}), x, *row_group);
       const bool sandwich = Ly.pre_ff_norm.defined();
       if (sandwich) {  // the attention output is normed before it joins the residual
-        fused_add_rms_norm_(x, no_residual, Ly.post_norm, eps_);
-        fused_add_rms_norm_(x, with_residual, Ly.pre_ff_norm, eps_);
+        norm(x, no_residual, Ly.post_norm);
+        norm(x, with_residual, Ly.pre_ff_norm);
       } else {
-        fused_add_rms_norm_(x, with_residual, Ly.post_norm, eps_);
+        norm(x, with_residual, Ly.post_norm);
       }
       if (Ly.moe) {
+        t0 = pc.start();
         moe_mlp(Ly, x, static_cast<int64_t>(l));
-        if (sandwich) fused_add_rms_norm_(x, no_residual, Ly.post_ff_norm, eps_);
+        pc.stop(kMoe, t0);
+        if (sandwich) norm(x, no_residual, Ly.post_ff_norm);
         continue;
       }
-      quantize_rows_q8(xp, M, H_, H_, act_q_);
-      qgemm(Ly.gate_up, act_q_, nullptr, gu.data_ptr<float>(), 2 * I_);
+      quantize(xp, H_);
+      gemm(kGateUp, Ly.gate_up, Ly.gate_up_bytes, nullptr, gu.data_ptr<float>(), 2 * I_);
       if (row_group) lora_delta(lora_[l][2], x, gu, *row_group);
+      t0 = pc.start();
       if (Ly.act == Activation::GeluTanh) {
         gelu_tanh_and_mul(gu, act);
       } else {
         silu_and_mul(gu, act);
       }
-      quantize_rows_q8(act.data_ptr<float>(), M, I_, I_, act_q_);
-      qgemm(Ly.down, act_q_, nullptr, xp, H_);
+      pc.stop(kActFn, t0);
+      quantize(act.data_ptr<float>(), I_);
+      gemm(kDown, Ly.down, Ly.down_bytes, nullptr, xp, H_);
       if (row_group) lora_delta(lora_[l][3], act, x, *row_group);
-      if (sandwich) fused_add_rms_norm_(x, no_residual, Ly.post_ff_norm, eps_);
+      if (sandwich) norm(x, no_residual, Ly.post_ff_norm);
     }
-    fused_add_rms_norm_(x, with_residual, final_norm_, eps_);
+    norm(x, with_residual, final_norm_);
+    pc.stop(kStep, step0);
     return x;
   }
 
@@ -287,6 +368,7 @@ class DecodeStack : public torch::CustomClassHolder {
     }
     L.qkv = qmat_from_tensors(kinds[0], qkv_n, H_, t[5], t[6], t[7], "DecodeStack qkv_proj");
     L.o = qmat_from_tensors(kinds[1], H_, Hq_ * D_, t[8], t[9], t[10], "DecodeStack o_proj");
+    L.qkv_bytes = tensors_bytes(t[5], t[6], t[7]), L.o_bytes = tensors_bytes(t[8], t[9], t[10]);
     return L;
   }
 
@@ -394,6 +476,7 @@ class DecodeStack : public torch::CustomClassHolder {
   at::Tensor residual_, qkv_, q_, attn_, gu_, act_, qn_, kn_;
   int64_t max_experts_ = 0;  // the widest MoE layer's experts (0: a dense stack)
   at::Tensor counts_;        // expert_counts()
+  PhaseClock clock_;         // set_profile / profile
 };
 
 }  // namespace
@@ -406,6 +489,10 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
       .def("add_moe_layer", &radixserve::DecodeStack::add_moe_layer)
       .def("expert_counts", &radixserve::DecodeStack::expert_counts)
       .def("num_layers", &radixserve::DecodeStack::num_layers)
+      .def("set_profile", &radixserve::DecodeStack::set_profile)
+      .def("profile", &radixserve::DecodeStack::profile)
+      .def("profile_names", &radixserve::DecodeStack::profile_names)
+      .def("parallel_region_ns", &radixserve::DecodeStack::parallel_region_ns)
       .def("forward", &radixserve::DecodeStack::forward)
       .def("set_lora", &radixserve::DecodeStack::set_lora)
       .def("forward_lora", &radixserve::DecodeStack::forward_lora);
