@@ -128,6 +128,13 @@ class ServerArgs:
     max_stop_strings: int = _knob(16, "most stop strings (and, separately, stop token ids) per request")
     max_stop_string_len: int = _knob(256, "longest stop string, in characters")
     max_logit_bias: int = _knob(1024, "most logit_bias entries per request")
+    max_rerank_documents: int = _knob(
+        1000, "most documents in one /v1/rerank call (and text pairs in one /v1/score call); more get 400, 1..100000"
+    )
+    responses_store_size: int = _knob(
+        1024, "responses kept in memory for GET /v1/responses/{id} and previous_response_id (the least recently "
+        "used evicted; an evicted one is a 404), 1..100000"
+    )
     request_timeout: float | None = _knob(
         600.0, "default per-request timeout in seconds (a request's own 'timeout' may be shorter); the "
         "request is aborted and its KV returned. None/0 = no default"

@@ -47,8 +47,12 @@ def check_server_args(args: ServerArgs) -> None:
                  "max_stop_strings", "max_stop_string_len", "max_logit_bias"):
         if getattr(args, name) < 1:
             bad(name, "must be >= 1")
+    if isinstance(args.max_rerank_documents, bool) or not 1 <= args.max_rerank_documents <= 100_000:
+        bad("max_rerank_documents", f"must be in [1, 100000], got {args.max_rerank_documents!r}")
     if args.max_top_logprobs < 0:
         bad("max_top_logprobs", "must be >= 0")
+    if isinstance(args.responses_store_size, bool) or not 1 <= args.responses_store_size <= 100_000:
+        bad("responses_store_size", f"must be in [1, 100000], got {args.responses_store_size!r}")
     if not args.rpc_timeout > 0 or not args.graceful_shutdown_timeout >= 0:
         bad("rpc_timeout", "rpc_timeout must be > 0 and graceful_shutdown_timeout >= 0")
 

@@ -48,6 +48,8 @@ SERVER_EVIDENCE: dict[str, str] = {
     "graceful_shutdown_timeout": "tests/entrypoints/test_http_dashboard.py",
     "max_queued_requests": "tests/entrypoints/test_http_faults.py",
     "max_request_body_bytes": "tests/entrypoints/test_http_faults.py",
+    "responses_store_size": "tests/entrypoints/test_http_responses.py",
+    "max_rerank_documents": "tests/entrypoints/test_http_rerank.py",
     "rpc_timeout": "tests/entrypoints/test_http_faults.py",
     "mem_fraction_static": "tests/model_executor/test_memory_budget.py",
     "tp_size": "tests/distributed/test_tensor_parallel.py",

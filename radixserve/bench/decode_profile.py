@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from radixserve.bench.common import print_table
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
 from radixserve.managers.scheduler import Scheduler
 from radixserve.sampling.sampling_params import SamplingParams
@@ -143,8 +144,6 @@ def split(walls: list[float], schedule_s: float, before: dict[str, float], after
 
 
 def report(prof: dict[str, Any]) -> None:
-    from radixserve.bench.common import print_table
-
     print_table(prof["parts"], ["part", "kind", "ms", "pct_of_step", "calls_per_step", "gb_per_s", "int8_gops"],
                 title=f"\nbatch-1 decode step at context {prof['context_len']} ({prof['steps']} steps): "
                       f"{prof['step_ms']:.3f} ms = {prof['tokens_per_s']:.1f} tok/s; kernels {prof['kernel_ms']:.3f} ms, "

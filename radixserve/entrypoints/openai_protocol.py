@@ -158,6 +158,8 @@ class GenerateRequest(_Request):
     rid: str | None = None
     timeout: float | None = None
     lora_path: str | None = None  # a loaded LoRA adapter's name (SGLang's field); None = the base model
+    # SGLang's field: the logprobs of these ids at each predicting position (meta_info.output_token_ids_logprobs)
+    token_ids_logprob: list[int] | None = None
 
 
 class AbortRequest(_Request):

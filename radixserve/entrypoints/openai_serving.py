@@ -44,7 +44,7 @@ _DONE = object()
 # Field names a ValueError message may start with (SamplingParams.verify, tm.validate).
 _KNOWN_PARAMS = {f for f in SamplingParams.__dataclass_fields__} | {
     "prompt", "input_ids", "rid", "messages", "top_logprobs_num", "timeout", "priority", "return_logprob",
-    "return_prompt_logprob", "stream", "sampling_params",
+    "return_prompt_logprob", "stream", "sampling_params", "token_ids_logprob",
 }
 # SamplingParams name -> OpenAI name, so an error names the field the client actually sent.
 OPENAI_RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
@@ -261,17 +261,16 @@ class RequestGroup:
                 self.finished[i] = True
 
 
-class SSEResponse(StreamingResponse):
-    """A server-sent-event stream that always closes its generator when the response ends.
+class GroupStreamingResponse(StreamingResponse):
+    """A stream of a RequestGroup's output that always closes its generator and cancels the group when the
+    response ends (SSE here; other APIs' framings, e.g. Ollama's NDJSON, subclass it too).
 
     Starlette only cancels the sending task on a disconnect; a generator parked at a `yield`
     would stay open until garbage collection, with its requests still decoding.
     """
 
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[str], group: RequestGroup) -> None:
-        super().__init__(_framed(events, group), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, body: AsyncIterator[str], group: RequestGroup) -> None:
+        super().__init__(body, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.group = group
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -281,6 +280,15 @@ class SSEResponse(StreamingResponse):
             # A generator that never started has no `finally` to run: cancel the group here too.
             self.group.cancel()
             await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
+class SSEResponse(GroupStreamingResponse):
+    """A server-sent-event stream: the events, then [DONE] (_framed)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str], group: RequestGroup) -> None:
+        super().__init__(_framed(events, group), group)
 
 
 async def _framed(events: AsyncIterator[str], group: RequestGroup) -> AsyncIterator[str]:
@@ -302,6 +310,15 @@ async def _framed(events: AsyncIterator[str], group: RequestGroup) -> AsyncItera
 def sse(data: Any) -> str:
     payload = data.model_dump_json() if hasattr(data, "model_dump_json") else json.dumps(data)
     return f"data: {payload}\n\n"
+
+
+async def sse_objects(chunks: AsyncIterator[Any]) -> AsyncIterator[str]:
+    """A ServingRun's chunk objects as SSE events; closes the chunk generator when the stream ends."""
+    try:
+        async for c in chunks:
+            yield sse(c)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 SSE_DONE = "data: [DONE]\n\n"

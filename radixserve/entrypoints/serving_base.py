@@ -7,10 +7,12 @@ logprobs, and usage.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.entrypoints.openai_protocol import PromptTokensDetails, UsageInfo
-from radixserve.entrypoints.openai_serving import OPENAI_RENAMES, APIError
+from radixserve.entrypoints.openai_serving import OPENAI_RENAMES, APIError, RequestGroup
 from radixserve.lora.lora_manager import LoRANotFound
 from radixserve.lora.lora_registry import front_registry
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
@@ -58,6 +60,19 @@ _REGEX_META = set("\\^$.|?*+()[]{}")
 
 def _regex_literal(text: str) -> str:
     return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
+
+
+@dataclass
+class ServingRun:
+    """One call through the pipeline, as the OpenAI routes and the API surfaces that translate onto them
+    (entrypoints/surfaces.py) read it. Non-streamed: the response object and the scheduler's final outputs
+    (their meta_info has ttft, e2e_latency); streamed: the chunk objects in order, and the group to cancel
+    when the stream ends (a GroupStreamingResponse does)."""
+
+    response: Any = None
+    outs: list[dict[str, Any]] = field(default_factory=list)
+    chunks: AsyncIterator[Any] | None = None
+    group: RequestGroup | None = None
 
 
 class OpenAIServingBase:

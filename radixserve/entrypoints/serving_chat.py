@@ -42,9 +42,9 @@ from radixserve.entrypoints.openai_serving import (
     finish_reason,
     new_logprob_items,
     parse_body,
-    sse,
+    sse_objects,
 )
-from radixserve.entrypoints.serving_base import UNSUPPORTED_CHAT, OpenAIServingBase
+from radixserve.entrypoints.serving_base import UNSUPPORTED_CHAT, OpenAIServingBase, ServingRun
 from radixserve.function_call.tool_parser import ToolCallDelta, ToolCallParser, create_detector, detect_format
 from radixserve.function_call.tool_prompt import render_for_template, template_supports_tools
 from radixserve.managers.io_struct import GenerateReqInput
@@ -90,6 +90,16 @@ class _Tools:
 class OpenAIServingChat(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
+        run = await self.run(req, request)
+        if run.chunks is not None:
+            assert run.group is not None
+            return SSEResponse(sse_objects(run.chunks), run.group)
+        assert run.response is not None
+        return JSONResponse(run.response.model_dump())
+
+    async def run(self, req: ChatCompletionRequest, request: Request) -> ServingRun:
+        """The call `req` asks for (req.stream picks the form); `request` is watched for a client that
+        leaves. The API surfaces that translate onto this route call it too (entrypoints/surfaces.py)."""
         lora = self.check_model(req.model)  # a LoRA adapter's name selects it
         self.check_unsupported(req, UNSUPPORTED_CHAT)
         if req.top_logprobs is not None and not req.logprobs:
@@ -112,7 +122,8 @@ class OpenAIServingChat(OpenAIServingBase):
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
-            return SSEResponse(self._stream(request, req, rid, group, top_k, n, tools, reasoning), group)
+            chunks = self._stream(request, req, rid, group, top_k, n, tools, reasoning)
+            return ServingRun(chunks=chunks, group=group)
         try:
             outs = await group.results(request)
         finally:
@@ -139,7 +150,7 @@ class OpenAIServingChat(OpenAIServingBase):
                                       matched_stop=matched))
         resp = ChatCompletionResponse(id=rid, model=self.model_name, choices=choices,
                                       usage=reasoning.add_usage(self.usage(outs, n), outs))
-        return JSONResponse(resp.model_dump())
+        return ServingRun(response=resp, outs=outs)
 
     @property
     def tool_parser_name(self) -> str:
@@ -212,7 +223,8 @@ class OpenAIServingChat(OpenAIServingBase):
         return content
 
     async def _stream(self, request: Request, req: ChatCompletionRequest, rid: str, group: RequestGroup,
-                      top_k: int, n: int, tools: _Tools, reasoning: ChatReasoning) -> AsyncIterator[str]:
+                      top_k: int, n: int, tools: _Tools,
+                      reasoning: ChatReasoning) -> AsyncIterator[ChatCompletionChunk]:
         created = int(time.time())
         num = len(group.subs)
         finals: list[dict[str, Any]] = [{} for _ in range(num)]
@@ -220,10 +232,10 @@ class OpenAIServingChat(OpenAIServingBase):
         thinkers = [reasoning.parser() for _ in range(num)]
 
         def chunk(i: int, delta: dict[str, Any], logprobs: ChatLogprobs | None = None,
-                  reason: str | None = None, matched: Any = None) -> str:
+                  reason: str | None = None, matched: Any = None) -> ChatCompletionChunk:
             choice = ChatStreamChoice(index=i, delta=delta, logprobs=logprobs, finish_reason=reason,
                                       matched_stop=matched)
-            return sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[choice]))
+            return ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[choice])
 
         for i in range(num):  # OpenAI opens every choice with the role
             yield chunk(i, {"role": "assistant", "content": ""})
@@ -255,5 +267,5 @@ class OpenAIServingChat(OpenAIServingBase):
                 yield chunk(i, {}, None, reason, matched)
         if req.stream_options and req.stream_options.include_usage:
             usage = reasoning.add_usage(self.usage(finals, n), finals)
-            yield sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
-                                          usage=usage))
+            yield ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[], usage=usage)
+

@@ -25,9 +25,9 @@ from radixserve.entrypoints.openai_serving import (
     finish_reason,
     new_logprob_items,
     parse_body,
-    sse,
+    sse_objects,
 )
-from radixserve.entrypoints.serving_base import UNSUPPORTED_COMPLETIONS, OpenAIServingBase
+from radixserve.entrypoints.serving_base import UNSUPPORTED_COMPLETIONS, OpenAIServingBase, ServingRun
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -36,6 +36,15 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 class OpenAIServingCompletion(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: CompletionRequest = await parse_body(request, CompletionRequest)
+        run = await self.run(req, request)
+        if run.chunks is not None:
+            assert run.group is not None
+            return SSEResponse(sse_objects(run.chunks), run.group)
+        return JSONResponse(run.response.model_dump())
+
+    async def run(self, req: CompletionRequest, request: Request) -> ServingRun:
+        """The call `req` asks for (req.stream picks the form); `request` is watched for a client that
+        leaves. The API surfaces that translate onto this route call it too (entrypoints/surfaces.py)."""
         lora = self.check_model(req.model)  # a LoRA adapter's name selects it
         self.check_unsupported(req, UNSUPPORTED_COMPLETIONS)
         if req.best_of is not None and req.best_of != (req.n or 1):
@@ -57,7 +66,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         n = req.n or 1
         group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
-            return SSEResponse(self._stream(request, req, rid, subs, group, top_k, n), group)
+            return ServingRun(chunks=self._stream(request, req, rid, subs, group, top_k, n), group=group)
         try:
             outs = await group.results(request)
         finally:
@@ -76,7 +85,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                                             matched_stop=matched))
         usage = self.usage(outs, n)
         resp = CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=usage)
-        return JSONResponse(resp.model_dump())
+        return ServingRun(response=resp, outs=outs)
 
     @staticmethod
     def _prompt_fields(prompt: Any) -> tuple[Any, Any]:
@@ -126,16 +135,16 @@ class OpenAIServingCompletion(OpenAIServingBase):
 
     async def _stream(self, request: Request, req: CompletionRequest, rid: str,
                       subs: list[TokenizedGenerateReqInput], group: RequestGroup, top_k: int,
-                      n: int) -> AsyncIterator[str]:
+                      n: int) -> AsyncIterator[CompletionResponse]:
         created = int(time.time())
         offsets = [0] * len(subs)  # text_offset of the next token, per choice
         finals: list[dict[str, Any]] = [{} for _ in subs]
 
         def chunk(i: int, text: str, logprobs: CompletionLogprobs | None, reason: str | None = None,
-                  matched: Any = None) -> str:
+                  matched: Any = None) -> CompletionResponse:
             choice = CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=reason,
                                       matched_stop=matched)
-            return sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[choice]))
+            return CompletionResponse(id=rid, created=created, model=self.model_name, choices=[choice])
 
         if req.echo:
             for i, sub in enumerate(subs):
@@ -154,5 +163,4 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 finals[i] = out
         if req.stream_options and req.stream_options.include_usage:
             usage = self.usage(finals, n)
-            yield sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[],
-                                         usage=usage))
+            yield CompletionResponse(id=rid, created=created, model=self.model_name, choices=[], usage=usage)

@@ -43,6 +43,10 @@ def embedding_api_error(e: ValueError) -> APIError:
 class OpenAIServingEmbedding(OpenAIServingBase):
     async def create(self, request: Request) -> Response:
         req: EmbeddingRequest = await parse_body(request, EmbeddingRequest)
+        return JSONResponse((await self.embed(req, request)).model_dump())
+
+    async def embed(self, req: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+        """The vectors `req` asks for (also the API surfaces' embeddings: Ollama's /api/embed)."""
         self.check_model(req.model)
         rid = req.rid or f"embd-{uuid.uuid4().hex}"
         try:
@@ -64,6 +68,5 @@ class OpenAIServingEmbedding(OpenAIServingBase):
             data.append(EmbeddingData(index=i, embedding=encode_vector(out["embedding"], req.dimensions,
                                                                         req.encoding_format)))
         prompt_tokens = sum(out["meta_info"].get("prompt_tokens", 0) for out in outs)
-        resp = EmbeddingResponse(data=data, model=self.model_name,
+        return EmbeddingResponse(data=data, model=self.model_name,
                                  usage=EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens))
-        return JSONResponse(resp.model_dump())

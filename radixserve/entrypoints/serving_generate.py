@@ -34,7 +34,7 @@ class NativeServing(OpenAIServingBase):
             text=req.text, input_ids=req.input_ids, sampling_params=req.sampling_params, rid=req.rid,
             return_logprob=req.return_logprob, top_logprobs_num=req.top_logprobs_num,
             return_prompt_logprob=req.return_prompt_logprob, stream=req.stream, timeout=req.timeout,
-            lora_path=req.lora_path,
+            lora_path=req.lora_path, token_ids_logprob=req.token_ids_logprob,
         )
         subs, is_batch = self.normalize(obj, renames=None)  # native names
         group = RequestGroup(self.tm, subs, metrics=self.metrics)

@@ -42,10 +42,11 @@ def accumulate(acc: torch.Tensor | None, part: torch.Tensor, pooling: str) -> to
     return part if acc is None or pooling == "last" else acc + part
 
 
-def finalize(acc: torch.Tensor, num_tokens: int, pooling: str) -> list[float]:
-    """The request's embedding: mean (if asked) then L2-normalised, as a list of floats."""
+def finalize(acc: torch.Tensor, num_tokens: int, pooling: str, normalize: bool = True) -> list[float]:
+    """The request's embedding: mean (if asked) then L2-normalised, as a list of floats. normalize False: a
+    classifier's logits (models/base.py CausalLM.score), returned as they are."""
     vec = acc / num_tokens if pooling == "mean" else acc
-    return torch.nn.functional.normalize(vec, dim=0).tolist()
+    return (torch.nn.functional.normalize(vec, dim=0) if normalize else vec).tolist()
 
 
 def truncate(vec: list[float], dimensions: int | None) -> list[float]:

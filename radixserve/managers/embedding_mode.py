@@ -6,6 +6,9 @@ cache as a generation request, and many requests share one EXTEND step. After ea
 is accumulated (layers/pooler.py); after the step that computes its last prompt token it finishes, its KV
 goes to the radix cache like a finished request's, and its output carries the normalised vector.
 
+A sequence classifier (ModelConfig.num_labels) is served the same way: its vector is the `score` head's
+logits at the last token (model_executor/embedding_forward.py), not normalised: what rerank and score read.
+
 Prefix reuse: last-token pooling reuses a cached prefix (the last token is always computed, and its
 hidden state depends on the prefix only through the KV, which is the same). Mean pooling needs every
 token's hidden state, which the cache does not keep, so its requests never match a prefix
@@ -37,9 +40,17 @@ class EmbeddingMode:
         self.pooling = pooling
         self.runner = runner
         self.reuse_prefix = pooling != "mean"  # Req.reuse_prefix of every request (see the module doc)
+        # a sequence classifier: the vector is its last token's logits over the labels, never normalised
+        self.classify = runner.model_config.num_labels > 0
 
     @classmethod
     def create(cls, server_args: ServerArgs, runner: ModelRunner) -> EmbeddingMode | None:
+        labels = runner.model_config.num_labels
+        if labels and not server_args.is_embedding:
+            raise ValueError(f"is_embedding: this model is a sequence classifier ({labels} labels, no LM head): "
+                             "serve it with --is-embedding (it answers /v1/rerank and /v1/score)")
+        if labels and server_args.pooling != "last":
+            raise ValueError(f"pooling: a sequence classifier scores its last token; got {server_args.pooling!r}")
         return cls(server_args.pooling, runner) if server_args.is_embedding else None
 
     def forward(self, mwb: ModelWorkerBatch) -> EmbeddingBatchResult:
@@ -68,6 +79,6 @@ class EmbeddingMode:
         if req.is_chunked:
             tree_cache.cache_unfinished_req(req)
             return False
-        req.embedding = finalize(req.embed_acc, len(req.origin_input_ids), self.pooling)
+        req.embedding = finalize(req.embed_acc, len(req.origin_input_ids), self.pooling, not self.classify)
         req.embed_acc = None
         return True

@@ -36,6 +36,10 @@ class GenerateReqInput:
     # Text prompts (chat prompts too, after the template) get the tokenizer's own special tokens: a BOS
     # where its settings ask for one, never two (RequestNormalizer.tokenize).
     add_special_tokens: bool = True
+    # SGLang's name: the logprobs (raw distribution) of these token ids at every position that predicts a
+    # token after the prompt: one row per output token (the distribution it was drawn from), and with
+    # max_new_tokens 0 the one row after the prompt, computed without sampling (what rerank and score read)
+    token_ids_logprob: list[int] | None = None
 
 
 @dataclass
@@ -51,6 +55,7 @@ class TokenizedGenerateReqInput:
     timeout: float | None = None  # seconds from arrival at the scheduler; then aborted (HTTP 408)
     parent_rid: str | None = None  # the caller's rid when this is one of prompts x n sub-requests
     lora_path: str | None = None  # the LoRA adapter (its name) this request runs with; None = base model
+    token_ids_logprob: list[int] | None = None  # see GenerateReqInput
 
 
 @dataclass
@@ -124,6 +129,8 @@ class ReqOutput:
     error: str | None = None  # a rejected or failed request: the message
     error_status: int = 400  # its HTTP status: 400 bad input, 408 timed out, 500 failed while running
     embedding: list[float] | None = None  # embedding server: the pooled, normalised vector (with the final output)
+    # token_ids_logprob: per position since the last output, the logprobs of the asked ids, in their order
+    output_token_ids_logprobs: list[list[float]] = field(default_factory=list)
 
     @classmethod
     def rejected(cls, rid: str, message: str, status: int = 400) -> ReqOutput:

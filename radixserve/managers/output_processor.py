@@ -35,10 +35,17 @@ class OutputProcessor:
             req.output_token_logprobs.append(sample.next_token_logprobs[row])
             if req.top_logprobs_num and sample.top_logprobs is not None:
                 req.output_top_logprobs.append(sample.top_logprobs[row])
+        self.add_token_ids_logprobs(req, sample, row)
         reason = self.check_finished(req, self.model_config.context_len)
         if req.grammar is not None:
             reason = GrammarQueue.advance(req, token, reason)
         return reason
+
+    @staticmethod
+    def add_token_ids_logprobs(req: Req, sample: Any, row: int) -> None:
+        """The logprobs of req.token_ids_logprob at the position `row` of `sample` predicted from."""
+        if req.token_ids_logprob and sample.token_ids_logprobs is not None:
+            req.output_token_ids_logprobs.append(sample.token_ids_logprobs[row])
 
     def check_finished(self, req: Req, context_len: int) -> FinishReason | None:
         params = req.sampling_params
@@ -114,4 +121,5 @@ class OutputProcessor:
             output_top_logprobs=req.output_top_logprobs[start:] if req.return_logprob else [],
             input_token_logprobs=list(req.input_token_logprobs) if (first and req.return_prompt_logprob) else None,
             embedding=req.embedding,
+            output_token_ids_logprobs=req.output_token_ids_logprobs[start:] if req.token_ids_logprob else [],
         )

@@ -70,6 +70,9 @@ class Req:
     output_token_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_token_logprobs: list[float] = field(default_factory=list)
+    # token_ids_logprob (io_struct.GenerateReqInput): the ids asked for, and per predicting position their logprobs
+    token_ids_logprob: list[int] | None = None
+    output_token_ids_logprobs: list[list[float]] = field(default_factory=list)
 
     # bookkeeping for outputs streamed so far
     sent_len: int = 0
@@ -116,7 +119,7 @@ class Req:
                    return_logprob=recv.return_logprob, top_logprobs_num=recv.top_logprobs_num,
                    return_prompt_logprob=recv.return_prompt_logprob, stream=recv.stream, priority=recv.priority,
                    eos_token_ids=eos_token_ids, deadline=deadline, reuse_prefix=reuse_prefix,
-                   lora_name=lora_name, lora_uid=lora_uid)
+                   lora_name=lora_name, lora_uid=lora_uid, token_ids_logprob=recv.token_ids_logprob)
 
     # ------------------------------------------------------------------ state
     def past_deadline(self, now: float) -> bool:

@@ -31,6 +31,7 @@ from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
 MAX_RID_LEN = 256
+MAX_TOKEN_IDS_LOGPROB = 256  # ids per request in token_ids_logprob (a label set: "yes"/"no", A-D, ...)
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,23 @@ def check_tokenized(req: TokenizedGenerateReqInput, limits: RequestLimits) -> No
     k = req.top_logprobs_num
     if not _is_int(k) or not 0 <= k <= limits.max_top_logprobs:
         raise ValueError(f"top_logprobs_num must be an int in [0, {limits.max_top_logprobs}], got {k!r}")
+    check_token_ids_logprob(req.token_ids_logprob, limits)
     if not _is_int(req.priority) or abs(req.priority) > 2**31:
         raise ValueError(f"priority must be an int in [-2^31, 2^31], got {req.priority!r}")
     t = req.timeout
     if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {t!r}")
+
+
+def check_token_ids_logprob(ids: Any, limits: RequestLimits) -> None:
+    """None, or 1 to MAX_TOKEN_IDS_LOGPROB ids of the vocabulary (each predicting row gathers them all)."""
+    if ids is None:
+        return
+    if not isinstance(ids, list) or not 0 < len(ids) <= MAX_TOKEN_IDS_LOGPROB:
+        raise ValueError(f"token_ids_logprob: must be a list of 1 to {MAX_TOKEN_IDS_LOGPROB} token ids, got {ids!r:.80}")
+    bad = next((t for t in ids if not (_is_int(t) and 0 <= t < limits.vocab_size)), None)
+    if bad is not None:
+        raise ValueError(f"token_ids_logprob: token id {bad!r} is outside the vocabulary [0, {limits.vocab_size})")
 
 
 class RequestNormalizer:
@@ -231,6 +244,7 @@ class RequestNormalizer:
                     timeout=timeout,
                     parent_rid=None if total == 1 else rid,
                     lora_path=obj.lora_path,
+                    token_ids_logprob=obj.token_ids_logprob,
                 )
                 if j == 0:  # the samples of one prompt differ only in their seed
                     check_tokenized(sub, self.limits)

@@ -256,6 +256,8 @@ class ScheduleBatch:
             top_logprobs_nums=[r.top_logprobs_num for r, w in zip(self.reqs, widths) for _ in range(w)]
             if return_logprob else [],
             prompt_logprob_targets=targets if any(t is not None for t in targets) else [],
+            token_ids_logprobs=[r.token_ids_logprob for r, w in zip(self.reqs, widths) for _ in range(w)]
+            if any(r.token_ids_logprob for r in self.reqs) else [],
             spec_info=VerifyInput([w - 1 for w in widths], [r.spec_draft.probs for r in self.reqs]) if verify else None,
             vocab_mask=self.vocab_mask(),
             num_extend_reqs=self.num_extend_reqs if self.forward_mode.is_mixed() else None,

@@ -333,11 +333,9 @@ class Scheduler:
                 if not req.finished():
                     self.isolation.fail(req, batch.seq_lens[i], e, "while processing its output")
         if batch.forward_mode.is_decode() or verify:
-            self.new_token_ratio = max(
-                self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
-            )
-        # New members of the running batch: a prefill's requests, or (a bisected MIXED step) decodes
-        # whose batch was emptied into the step.
+            sa = self.server_args
+            self.new_token_ratio = max(sa.min_new_token_ratio, self.new_token_ratio - sa.new_token_ratio_decay)
+        # New members of the running batch: a prefill's requests, or (a bisected MIXED step) decodes emptied into it
         running = set(map(id, self.running_batch.reqs))
         keep = [r for r in batch.reqs if not r.finished() and not r.is_chunked and id(r) not in running]
         self.running_batch.filter_batch()
@@ -355,6 +353,8 @@ class Scheduler:
             self.tree_cache.cache_unfinished_req(req)
             return
         if req.sampling_params.max_new_tokens == 0:
+            # a prompt-only request: the distribution after its prompt is all it reads (token_ids_logprob)
+            self.output_processor.add_token_ids_logprobs(req, sample, i)
             self._finish(req, FinishReason("length", matched=None))
             return
         if prefilled is not None and req in prefilled and not self.server_args.disable_radix_cache:

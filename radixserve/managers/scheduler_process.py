@@ -108,6 +108,8 @@ class SchedulerProcess:
             "context_len": s.model_config.context_len,
             "vocab_size": s.model_config.vocab_size,
             "hidden_size": s.model_config.hidden_size,
+            "architecture": s.model_config.architecture,  # e.g. LlamaForCausalLM (Ollama's /api/show family)
+            "num_labels": s.model_config.num_labels,  # a sequence classifier's (rerank, score); 0: none
             "eos_token_ids": list(s.model_config.eos_token_ids),
             "weight_bytes": s.model_runner.weight_bytes,
             "memory_budget": s.model_runner.memory_budget.as_dict(),  # each part of this rank's memory

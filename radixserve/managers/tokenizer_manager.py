@@ -50,6 +50,7 @@ class ReqState:
     output_token_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_token_logprobs: list[float] | None = None
+    output_token_ids_logprobs: list[list[float]] = field(default_factory=list)  # token_ids_logprob's rows
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finished: bool = False
@@ -84,6 +85,7 @@ class TokenizerManager:
         self.vocab_size: int = info["vocab_size"]
         self.max_total_num_tokens: int = info["max_total_num_tokens"]
         self.hidden_size: int = info.get("hidden_size", 0)  # an embedding's size (/v1/embeddings `dimensions`)
+        self.num_labels: int = info.get("num_labels", 0)  # a sequence classifier's labels (rerank, score); 0: none
         self.limits = RequestLimits.build(server_args, self.context_len, self.vocab_size, self.max_total_num_tokens)
         self.normalizer = RequestNormalizer(tokenizer, self.limits)
         addresses = [to_scheduler] if isinstance(to_scheduler, str) else list(to_scheduler)
@@ -103,12 +105,16 @@ class TokenizerManager:
         self.metrics: Any = None  # set by the HTTP server (Prometheus collectors)
 
     # ------------------------------------------------------------------ input
-    def normalize(self, obj: GenerateReqInput, embed: bool = False) -> tuple[list[TokenizedGenerateReqInput], bool]:
+    def normalize(self, obj: GenerateReqInput, embed: bool = False,
+                  classify: bool = False) -> tuple[list[TokenizedGenerateReqInput], bool]:
         """Validated sub-requests of one call (see RequestNormalizer); also refuses a call that
         would overfill the queue, before any of it is sent, and one of the other server kind (`embed`:
-        an embedding call; managers/embedding_request.py)."""
+        an embedding call, `classify`: a classifier's scores; managers/embedding_request.py)."""
         self.check_accepting()
-        check_server_kind(self.server_args.is_embedding, embed)
+        check_server_kind(self.server_args.is_embedding, embed or classify)
+        if self.num_labels and embed:
+            raise ValueError(f"input: this server serves a sequence classifier ({self.num_labels} labels), not "
+                             "embeddings: it answers /v1/rerank and /v1/score")
         subs, is_batch = self.normalizer.normalize(obj)
         self._check_room(len(subs))
         return subs, is_batch
@@ -197,6 +203,7 @@ class TokenizerManager:
         state.output_ids.extend(out.new_token_ids)
         state.output_token_logprobs.extend(out.output_token_logprobs)
         state.output_top_logprobs.extend(out.output_top_logprobs)
+        state.output_token_ids_logprobs.extend(out.output_token_ids_logprobs)
         if out.input_token_logprobs is not None:
             state.input_token_logprobs = out.input_token_logprobs
         finished = out.finished_reason is not None
@@ -225,6 +232,8 @@ class TokenizerManager:
                 meta["output_top_logprobs"] = state.output_top_logprobs
                 if state.input_token_logprobs is not None:
                     meta["input_token_logprobs"] = list(state.input_token_logprobs)
+            if state.output_token_ids_logprobs:  # in the order of the request's token_ids_logprob
+                meta["output_token_ids_logprobs"] = state.output_token_ids_logprobs
             result["text"] = state.detok.final_text()
             result["output_ids"] = state.output_ids
             if out.embedding is not None:  # an embedding server's answer (managers/embedding_mode.py)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class EmbeddingBatchResult:
-    pooled: torch.Tensor  # [bs, hidden] float32: this step's part of each request's vector (layers/pooler.py)
+    pooled: torch.Tensor  # [bs, hidden] ([bs, num_labels]: a classifier's logits) float64: this step's part of each request's vector (layers/pooler.py)
     forward_batch: ForwardBatch
     # no tokens are sampled; kept empty so that the step log and the tracer read every result alike
     sample_output: SampleOutput
@@ -38,6 +38,10 @@ def forward_embedding(runner: ModelRunner, batch: ModelWorkerBatch, pooling: str
     # kernel choices come with fb (ForwardBatch.kernel_mode)
     hidden = runner.model.model(fb.input_ids, fb.positions, fb)
     pooled = pool_step(hidden, fb, pooling)
+    if getattr(runner.model, "score", None) is not None:
+        # a sequence classifier (--pooling last): its last token's logits over the labels; the pooled row is the
+        # hidden row widened exactly to float64, so the head computes in the model's own dtype as transformers does
+        pooled = runner.model.score(pooled.to(hidden.dtype)).double()  # [bs, num_labels]
     runner.timers["forward_batch_init_s"] += t1 - t0
     runner.timers["forward_s"] += time.perf_counter() - t1
     empty = torch.empty(0, dtype=torch.int64)

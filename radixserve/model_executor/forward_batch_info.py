@@ -100,6 +100,9 @@ class ModelWorkerBatch:
     # Per request, None or the token that follows each of its positions in this step (the
     # prompt tokens whose logprobs are wanted); the scheduler knows the prompt, the runner does not.
     prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
+    # Per sampled row, None or the token ids whose logprobs it returns (a request's token_ids_logprob);
+    # empty when no request asks
+    token_ids_logprobs: list[list[int] | None] = field(default_factory=list)
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     spec_info: Any = None  # TARGET_VERIFY: the drafts' layout (speculative/spec_info.py VerifyInput)
     # MIXED: the first this many requests are prefill chunks, the rest decodes (a 1-token chunk after a
@@ -148,6 +151,7 @@ class ForwardBatch:
     return_logprob: bool = False
     top_logprobs_nums: list[int] = field(default_factory=list)
     prompt_logprob_targets: list[list[int] | None] = field(default_factory=list)
+    token_ids_logprobs: list[list[int] | None] = field(default_factory=list)  # see ModelWorkerBatch
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     spec_info: Any = None
     num_extend_reqs: int | None = None  # MIXED: see ModelWorkerBatch
@@ -228,6 +232,7 @@ class ForwardBatch:
             return_logprob=batch.return_logprob,
             top_logprobs_nums=list(batch.top_logprobs_nums) or [0] * bs,
             prompt_logprob_targets=list(batch.prompt_logprob_targets) or [None] * bs,
+            token_ids_logprobs=list(batch.token_ids_logprobs),
             capture_hidden_mode=batch.capture_hidden_mode,
             spec_info=batch.spec_info,
             num_extend_reqs=batch.num_extend_reqs,

@@ -61,6 +61,7 @@ from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWork
 from radixserve.model_executor.memory_budget import plan_runner_memory
 from radixserve.model_executor.pipeline_stage import PipelineStage
 from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
+from radixserve.model_executor.sample_logprobs import add_logprobs
 from radixserve.model_loader import get_model_config, iterate_weights, model_kind
 from radixserve.model_loader.gguf_loader import load_for_runner
 from radixserve.models.registry import get_model_class
@@ -343,7 +344,8 @@ class ModelRunner:
     @torch.inference_mode()
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
         logits = logits_output.next_token_logits
-        raw = logits.clone() if forward_batch.return_logprob else None
+        # the sampler edits the logits in place (penalties, temperature); logprobs are of the raw distribution
+        raw = logits.clone() if forward_batch.return_logprob or forward_batch.token_ids_logprobs else None
         info = forward_batch.sampling_info
         if forward_batch.forward_mode.is_target_verify():
             spec = forward_batch.spec_info
@@ -360,23 +362,8 @@ class ModelRunner:
             # rank 0's tokens are the ones every rank's scheduler appends
             out = SampleOutput(next_token_ids=self.parallel_state.broadcast_tensor(self.sampler(logits, info)))
         if raw is not None:
-            self._add_logprobs(out, raw, forward_batch.top_logprobs_nums)
+            add_logprobs(out, torch.log_softmax(raw.float(), dim=-1), forward_batch, self.deterministic)
         return out
-
-    def _add_logprobs(self, out: SampleOutput, raw: torch.Tensor, nums: list[int]) -> None:
-        """The chosen tokens' logprobs and each row's top ones, under the raw (unprocessed) distribution."""
-        # log_softmax over [bs, vocab] is row-wise in ATen (measured bit-identical at every bs), so
-        # it needs no per-row loop even in deterministic mode.
-        logprobs = torch.log_softmax(raw.float(), dim=-1)
-        out.next_token_logprobs = logprobs.gather(1, out.next_token_ids.unsqueeze(1)).squeeze(1).tolist()
-        k = max(nums, default=0)
-        if k > 0 and self.deterministic:
-            # each row's own k: the order topk gives tied values may depend on k
-            rows = [logprobs[i : i + 1].topk(n, dim=-1) for i, n in enumerate(nums)]
-            out.top_logprobs = [list(zip(ids[0].tolist(), vals[0].tolist())) for vals, ids in rows]
-        elif k > 0:
-            vals, ids = logprobs.topk(k, dim=-1)
-            out.top_logprobs = [list(zip(ids[i, :n].tolist(), vals[i, :n].tolist())) for i, n in enumerate(nums)]
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """ModelWorkerBatch -> ForwardBatch -> forward -> sample: the whole execution step.

@@ -49,6 +49,7 @@ class StepResult:
     next_token_logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     input_token_logprobs: list[list[float] | None] | None = None
+    token_ids_logprobs: list[list[float] | None] | None = None
     accept_lens: list[int] | None = None  # TARGET_VERIFY: drafts kept per request (the last stage's rule)
     error: str | None = None  # set when a stage failed this step: every rank raises it
     out_of_memory: bool = False  # the failure was a MemoryError (fatal: FailureIsolation stops the server)
@@ -93,7 +94,8 @@ class PipelineStage:
         if local is not None:
             return GenerationBatchResult(local[0], local[2], fb)
         sample = SampleOutput(torch.tensor(result.next_token_ids, dtype=torch.int64), result.next_token_logprobs,
-                              result.top_logprobs, accept_lens=result.accept_lens)
+                              result.top_logprobs, accept_lens=result.accept_lens,
+                              token_ids_logprobs=result.token_ids_logprobs)
         logits = LogitsProcessorOutput(next_token_logits=torch.empty(0, self.runner.model_config.vocab_size),
                                        input_token_logprobs=result.input_token_logprobs)
         return GenerationBatchResult(logits, sample, fb)
@@ -110,7 +112,7 @@ class PipelineStage:
         except Exception as e:
             return None, self._error_result(self._failed(e, "sampling")), None
         result = StepResult(sample.next_token_ids.tolist(), sample.next_token_logprobs, sample.top_logprobs,
-                            out.input_token_logprobs, sample.accept_lens)
+                            out.input_token_logprobs, sample.token_ids_logprobs, sample.accept_lens)
         return out, result, sample
 
     @staticmethod

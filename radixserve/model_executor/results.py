@@ -23,6 +23,8 @@ class SampleOutput:
     next_token_ids: torch.Tensor
     next_token_logprobs: list[float] | None = None  # logprob of the chosen token (raw distribution), per row
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per row: [(token id, logprob)] * k
+    # per row: the logprobs of its ForwardBatch.token_ids_logprobs ids, in their order (None: it asked none)
+    token_ids_logprobs: list[list[float] | None] | None = None
     accept_lens: list[int] | None = None  # TARGET_VERIFY: drafts kept per request
     # ModelWorkerBatch.return_probs: [bs, vocab] the distribution each row was drawn from (a draft's q)
     probs: torch.Tensor | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.model_loader.classifier_config import classifier_fields
 from radixserve.model_loader.moe_config import MOE_SPECS, moe_fields
 
 # model_type -> architecture, for configs that lack an `architectures` list.
@@ -143,6 +144,9 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
     shared_expert_intermediate_size: int = 0  # 0: no shared expert (Qwen2-MoE has one)
     moe_layers: tuple[int, ...] = ()  # the sparse layers; the others run the dense MLP
+    # a *ForSequenceClassification checkpoint: its `score` head's labels, in place of the LM head (0: a language
+    # model); served with --is-embedding, the last token's logits over them (rerank and score)
+    num_labels: int = 0
 
     def layer_window(self, layer_id: int) -> int | None:
         """The sliding window of layer `layer_id` (None: global attention)."""
@@ -166,7 +170,7 @@ class ModelConfig:
         required field is missing or malformed, or names an arithmetic key this architecture does not
         implement.
         """
-        architecture = _architecture(cfg)
+        architecture, num_labels = classifier_fields(_architecture(cfg), cfg)
         spec = ARCH_SPECS.get(architecture)
         if spec is None:
             raise ValueError(f"unknown model architecture {architecture!r}; supported: {', '.join(sorted(ARCH_SPECS))}")
@@ -235,6 +239,7 @@ class ModelConfig:
             final_logit_softcap=_cap(cfg, "final_logit_softcapping", spec),
             trained_context_len=_optional_int(cfg, "max_position_embeddings") or _DEFAULT_CONTEXT_LEN,
             qk_norm_full=spec.qk_norm_full,
+            num_labels=num_labels,
             **_moe(cfg, architecture, num_layers),
         )
 

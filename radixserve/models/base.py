@@ -281,8 +281,11 @@ class CausalLM(nn.Module):
         self.config = cfg
         self.ps = ps
         self.model = DecoderModel(cfg, ps)
-        self.lm_head = self.logits_processor = None
-        if ps.is_last_stage:
+        self.lm_head = self.logits_processor = self.score = None
+        if cfg.num_labels:
+            # a sequence classifier (model_loader/classifier_config.py): `score` [labels, hidden] replaces the LM head
+            self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False)
+        elif ps.is_last_stage:
             self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, ps)
             if cfg.tie_word_embeddings and self.model.embed_tokens is not None:
                 self.lm_head.weight = self.model.embed_tokens.weight
@@ -320,8 +323,8 @@ class CausalLM(nn.Module):
             return self.model.embed_tokens is not None or tied_head
         if name.startswith("model.norm."):
             return self.model.norm is not None
-        if name.startswith("lm_head."):
-            return self.lm_head is not None
+        if name.startswith(("lm_head.", "score.")):  # the head this model has (a classifier's: score)
+            return getattr(self, name.split(".", 1)[0]) is not None
         return True
 
     def checkpoint_sources(self, module_name: str) -> list[tuple[str, object]]:
@@ -376,16 +379,14 @@ class CausalLM(nn.Module):
                 ckpt_name = "lm_head.weight"
             for name, tensor, shard_id in self._checkpoint_entries(ckpt_name, ckpt_tensor):
                 if name not in params:
-                    raise ValueError(f"checkpoint tensor {ckpt_name!r} has no matching parameter in "
-                                     f"{type(self).__name__}")
+                    raise ValueError(f"checkpoint tensor {ckpt_name!r} has no matching parameter in {type(self).__name__}")
                 if name in norm_params and self.config.norm_offset:
                     tensor = tensor + self.config.norm_offset
                 self._load_one(name, params[name], tensor, shard_id)
                 loaded.add(name)
         shared = self.config.tie_word_embeddings and self.model.embed_tokens is not None  # loaded as the embedding
         expected = {n for n in params if not (n == "lm_head.weight" and shared)}
-        missing = sorted(expected - loaded)
-        if missing:
+        if missing := sorted(expected - loaded):
             raise ValueError(f"weights missing from the checkpoint: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
     @staticmethod

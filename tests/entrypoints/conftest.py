@@ -179,3 +179,16 @@ def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     yield srv
     srv.stop()
     shutil.rmtree(srv.tmpdir, ignore_errors=True)
+
+
+EMBED_KEY = "embed-key"
+EMBED_ARGS = ["--is-embedding", "--context-length", "256", "--max-total-tokens", "16384", "--check-invariants",
+              "--api-key", EMBED_KEY, "--quantization", "none", "--dtype", "float32",
+              "--chunked-prefill-size", "2048"]  # 64 inputs: one step
+
+
+@pytest.fixture(scope="session")
+def embed_server() -> Iterator[ServerProcess]:
+    """The default model as an embedding server (--is-embedding, exact mode): /v1/embeddings' tests and every
+    surface's embeddings (Ollama's /api/embed) share it."""
+    yield from ServerProcess(EMBED_ARGS, api_key=EMBED_KEY, context_len=256).running()

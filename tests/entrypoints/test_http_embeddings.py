@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.entrypoints.conftest import EMBED_KEY
 from tests.server_process import ServerProcess
 
-KEY = "embed-key"
+KEY = EMBED_KEY
 AUTH = {"Authorization": f"Bearer {KEY}"}
-ARGS = ["--is-embedding", "--context-length", "256", "--max-total-tokens", "16384", "--check-invariants",
-        "--api-key", KEY, "--quantization", "none", "--dtype", "float32", "--chunked-prefill-size", "2048"]  # 64 inputs: one step
 TOL = 1e-5
 HIDDEN = 576  # SmolLM2-135M
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "paper", "seven", "orange", "window", "quiet"]
@@ -26,11 +25,6 @@ WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "paper", 
 
 def texts(n: int) -> list[str]:
     return [" ".join(WORDS[(i * 7 + k * 5) % len(WORDS)] for k in range(2 + i % 9)) + f" {i}" for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def embed_server() -> Iterator[ServerProcess]:
-    yield from ServerProcess(ARGS, api_key=KEY, context_len=256).running()
 
 
 @pytest.fixture
