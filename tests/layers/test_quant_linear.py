@@ -378,3 +378,39 @@ def test_q6_computes_the_same_bits_as_q8_16(m, factored) -> None:
     q6 = QuantWeight.from_rows(rows)
     assert q6.kind == QKIND_Q6 and q6.data.numel() == 8 * -(-n // 8) * k * 6 // 8
     assert torch.equal(out[QKIND_Q6], out[QKIND_Q8_16]) or loaded_isa() == "generic"
+
+
+LEGACY_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(qtype=st.sampled_from(LEGACY_TYPES), n=st.integers(1, 40), blocks=st.integers(1, 12),
+       m=st.sampled_from([1, 2, 3, 5, 8, 9, 17]), seed=st.integers(0, 2**31))
+def test_float16_scales_give_the_float32_layouts_bits(qtype, n, blocks, m, seed) -> None:
+    """The legacy types keep the file's float16 scales (and mins: Q4_0's -8 d is one too): the kernels widen
+    them to the float32 the flat layout held, so every row count gives the same bits at 2 bytes a scale."""
+    qw = gguf_weight(qtype, n, 32 * blocks, seed)
+    rows = qw.to_rows()
+    # float16 unless a value is not one (random blocks reach Q4_0's -8 d past float16's 65504: kept float32)
+    fits = all(torch.equal(t.half().float(), t) for t in (rows.d, rows.m) if t is not None)
+    assert qw.d.dtype == (torch.float16 if fits else torch.float32)
+    assert qw.m is None or qw.m.dtype == qw.d.dtype
+    wide = dataclasses.replace(qw, d=qw.d.float(), m=None if qw.m is None else qw.m.float())
+    assert wide.nbytes() > qw.nbytes() or not fits
+    x = torch.randn(m, 32 * blocks, generator=torch.Generator().manual_seed(seed % 1000))
+    out_h, out_f = torch.empty(m, n), torch.empty(m, n)
+    ops.quant_linear(x, qw.kind, qw.n, qw.data, qw.d, qw.m, None, out_h)
+    ops.quant_linear(x, wide.kind, wide.n, wide.data, wide.d, wide.m, None, out_f)
+    assert torch.equal(out_h, out_f)
+    torch.testing.assert_close(qw.to_rows().dequantize(), wide.to_rows().dequantize(), rtol=0, atol=0)
+
+
+def test_scales_stay_float32_where_float16_would_round() -> None:
+    """Scales quantised at run time (int8 / int4 modes) are not float16 values: kept float32, never rounded."""
+    qw = QuantWeight.quantize(torch.randn(16, 64, generator=torch.Generator().manual_seed(3)), QKIND_Q4_1)
+    assert qw.d.dtype == torch.float32 and qw.m.dtype == torch.float32
+    mixed = QuantWeight.cat_groups([gguf_weight("Q4_1", 8, 64, 1), qw])  # a float16 piece beside a float32 one
+    assert mixed.d.dtype == torch.float32 and mixed.m.dtype == torch.float32
+    torch.testing.assert_close(mixed.to_rows().dequantize()[:8], gguf_weight("Q4_1", 8, 64, 1).dequantize(),
+                               rtol=0, atol=0)

@@ -240,7 +240,8 @@ class GGUFFormat:
     def kernel_bytes(self, numel: int, float_bytes: int = 4) -> int:
         """Bytes `numel` weights of this type take in the kernels' layout (QuantWeight: the data planes, then
         float32 scales and mins per group, or their factored records where the format has factors);
-        float types take `float_bytes` a value. The memory budget's estimate before anything is loaded."""
+        float types take `float_bytes` a value. The memory budget's estimate before anything is loaded: an upper
+        bound for the legacy types, whose float16 file scales the layout keeps as they are (qweight._half_if_exact)."""
         kind = self.kind if self.handling == "exact" else self.requant_kind
         if kind is None:
             return numel * float_bytes

@@ -27,7 +27,8 @@ Two layouts:
                  Q6   data uint8  [G, nb*192]: per block Q4_1's 128 bytes of the low 4 bits of q + 32,
                       then two 32-byte planes p < 2 of top bits (row i<8, byte c<4): bits 4(t-2p) + 2h
                       and the next hold bits 4-5 of element 8t+4h+c (t = 2p, 2p+1)
-                 d, m float32     [G, nb*S*8]: (group, block, sub-block s<S, row i), S = 32 / group,
+                 d, m float32     [G, nb*S*8]: (group, block, sub-block s<S, row i), S = 32 / group;
+                      float16 where every value is one (_half_if_exact: the legacy types' file scales),
                       or factored (uint8 records: a K-quant's super-scale x int8 sub-scales, the same
                       float32 products at a quarter of the bytes; scale_factors.py)
 
@@ -203,6 +204,26 @@ class QuantRows:
         return w.view(n, k)
 
 
+def _half_if_exact(d: torch.Tensor, m: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scales (and mins) as float16 where every one of them is a float16 value: the file's own scales for the
+    legacy GGUF types, which then stream 2 bytes a scale instead of 4 (a Q4_1 weight 5 bits, not 6) while the
+    kernels widen them to the same float32 (F16C's conversion is exact). Otherwise float32, as before."""
+    h = d.half()
+    if not torch.equal(h.float(), d):
+        return d, m
+    if m is None:
+        return h, None
+    hm = m.half()
+    return (h, hm) if torch.equal(hm.float(), m) else (d, m)
+
+
+def _one_dtype(scales: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Pieces' scales to join: float16 only if every piece has them so (else float32, the same values)."""
+    if len({t.dtype for t in scales}) > 1:
+        return [t.float() if t.dtype == torch.float16 else t for t in scales]
+    return scales
+
+
 @dataclass
 class QuantWeight:
     kind: int
@@ -248,6 +269,8 @@ class QuantWeight:
         if rows.factors is not None:
             d = rows.factors.records("d", g)
             m = rows.factors.records("m", g) if m is not None else None
+        else:
+            d, m = _half_if_exact(d, m)
         if not kk.packed:
             data = q.view(g, QROWS, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(g, nb * 256).contiguous()
             return QuantWeight(rows.kind, n, k, data, d, m)
@@ -283,9 +306,9 @@ class QuantWeight:
         for p in pieces[:-1]:
             if p.n % QROWS:
                 raise ValueError(f"a piece of {p.n} rows is not whole {QROWS}-row groups")
-        m = None if first.m is None else torch.cat([p.m for p in pieces if p.m is not None])
+        m = None if first.m is None else torch.cat(_one_dtype([p.m for p in pieces if p.m is not None]))
         return QuantWeight(first.kind, sum(p.n for p in pieces), first.k, torch.cat([p.data for p in pieces]),
-                           torch.cat([p.d for p in pieces]), m)
+                           torch.cat(_one_dtype([p.d for p in pieces])), m)
 
     def to_rows(self) -> QuantRows:
         """The row-major values again (the inverse of from_rows; tests and dequantize)."""
@@ -298,7 +321,7 @@ class QuantWeight:
             if t.dtype == torch.uint8:
                 return ScaleFactors.flat_from_records(t, n, k, kk.group)
             s = t.shape[1] // QROWS
-            return t.view(g, s, QROWS).permute(0, 2, 1).reshape(g * QROWS, s)[:n]
+            return t.float().view(g, s, QROWS).permute(0, 2, 1).reshape(g * QROWS, s)[:n]
 
         if not kk.packed:
             q = self.data.view(g, nb, 8, QROWS, 4).permute(0, 3, 1, 2, 4).reshape(g * QROWS, k)[:n]
@@ -334,7 +357,7 @@ class ExpertQuantWeight:
     n: int
     k: int
     data: torch.Tensor  # [experts, one expert's data numel]
-    d: torch.Tensor  # float32 [experts, one expert's scales]
+    d: torch.Tensor  # float32 / float16 / factored uint8 [experts, one expert's scales], as QuantWeight's
     m: torch.Tensor | None = None
 
     @staticmethod
@@ -344,9 +367,10 @@ class ExpertQuantWeight:
             if (w.kind, w.n, w.k) != (first.kind, first.n, first.k):
                 raise ValueError(f"experts of one projection differ: {w.name} {w.n}x{w.k} vs "
                                  f"{first.name} {first.n}x{first.k}")
-        m = torch.stack([w.m.reshape(-1) for w in weights]) if first.m is not None else None  # type: ignore[union-attr]
+        m = (torch.stack(_one_dtype([w.m.reshape(-1) for w in weights]))  # type: ignore[union-attr]
+             if first.m is not None else None)
         return ExpertQuantWeight(first.kind, first.n, first.k, torch.stack([w.data.reshape(-1) for w in weights]),
-                                 torch.stack([w.d.reshape(-1) for w in weights]), m)
+                                 torch.stack(_one_dtype([w.d.reshape(-1) for w in weights])), m)
 
     @property
     def name(self) -> str:

@@ -28,7 +28,9 @@ namespace {
 // Row i's scale (or min) of scale group sg of block b in group g, flat or factored (as scales8).
 inline float scale_at(const QMat& w, const void* base, int64_t nb, int64_t S, int64_t g, int64_t b, int64_t sg,
                       int i) {
-  if (!w.factored) return static_cast<const float*>(base)[((g * nb + b) * S + sg) * kQRows + i];
+  const int64_t at = ((g * nb + b) * S + sg) * kQRows + i;
+  if (w.scales == kScalesFlat) return static_cast<const float*>(base)[at];
+  if (w.scales == kScalesHalf) return static_cast<float>(static_cast<const c10::Half*>(base)[at]);
   const uint8_t* rec = static_cast<const uint8_t*>(base) + (g * (nb / 8) + b / 8) * factored_record_bytes(S);
   float sup;
   std::memcpy(&sup, rec + 4 * i, sizeof(sup));
@@ -176,14 +178,15 @@ QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& dat
               what, ": ", info->name, " data must be ", packed ? "uint8" : "int8", " with ",
               E * w.G * nb * per_block, " elements (8-row groups of ", N, " x ", K, E > 1 ? ", per expert" : "", ")");
   const int64_t S = info->scales_per_block;
-  w.factored = d.scalar_type() == at::kByte;
-  if (w.factored) {
+  w.scales = d.scalar_type() == at::kByte ? kScalesFactored : d.scalar_type() == at::kHalf ? kScalesHalf : kScalesFlat;
+  if (w.scales == kScalesFactored) {
     TORCH_CHECK(nb % 8 == 0, what, ": factored scales need K (", K, ") a multiple of 256");
     TORCH_CHECK(d.is_contiguous() && d.numel() == E * w.G * (nb / 8) * factored_record_bytes(S), what, ": ", info->name,
                 " factored scales must be uint8 [groups, super-blocks * ", factored_record_bytes(S), "]");
   } else {
-    TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kFloat && d.numel() == E * w.G * nb * S * kQRows, what, ": ",
-                info->name, " scales must be float32 [groups, blocks * ", S * kQRows, "] or factored uint8");
+    TORCH_CHECK(d.is_contiguous() && (d.scalar_type() == at::kFloat || d.scalar_type() == at::kHalf) &&
+                    d.numel() == E * w.G * nb * S * kQRows, what, ": ", info->name,
+                " scales must be float32 or float16 [groups, blocks * ", S * kQRows, "] or factored uint8");
   }
   if (info->has_min) {
     TORCH_CHECK(m.is_contiguous() && m.scalar_type() == d.scalar_type() && m.numel() == d.numel(), what, ": ",

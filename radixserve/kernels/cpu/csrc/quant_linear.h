@@ -22,7 +22,8 @@
 //         32-byte planes p < 2 of top bits, row i < 8, byte c < 4: bits 4 (t - 2p) + 2h and the next are
 //         bits 4-5 of element 8t + 4h + c (t = 2p, 2p + 1). Unpacked and less 32, a quarter's nibble
 //         halves are the 8-bit layout's quarters 2t and 2t + 1, byte for byte, so Q6 forms Q8_16's sums.
-//   d, m  float32 [G, nb * S * 8]: group g, block b, scale group s < S (S = 32 / group), row i
+//   d, m  float32 [G, nb * S * 8]: group g, block b, scale group s < S (S = 32 / group), row i,
+//         or the same in **float16** (where every scale is a float16 value: the file's, for the legacy types)
 //         or, **factored** (a uint8 tensor; K a multiple of 256): the K-quants' two-level scales as the
 //         file holds them, per group and 256-element super-block j one record of 32 + 64 S bytes: the 8
 //         rows' float32 super-scales, then int8 sub-scales (block b < 8 of j, scale group s, row i). The
@@ -62,12 +63,16 @@ struct QKindInfo {
 // The kind's shape; nullptr for an id that is no kind.
 const QKindInfo* qkind_info(int64_t kind);
 
+// How a QMat's scales (and mins) are stored: flat float32, the factored records, or flat float16 (the file's own
+// float16 scales, for the formats that have them: Q4_0 / Q4_1 / Q5_x / Q8_0 stream 2 bytes a scale, not 4).
+constexpr int kScalesFlat = 0, kScalesFactored = 1, kScalesHalf = 2;
+
 struct QMat {
   QKind kind = QKind::Q8_0;
   const void* data = nullptr;
-  const void* d = nullptr;  // float32 scales, or factored records (uint8) when `factored`
+  const void* d = nullptr;  // float32 or float16 scales, or factored records (uint8): `scales`
   const void* m = nullptr;  // kinds with a min only, laid out as d
-  bool factored = false;
+  int scales = kScalesFlat;
   int64_t N = 0, K = 0, G = 0;
 };
 
@@ -75,7 +80,7 @@ struct QMat {
 constexpr int64_t factored_record_bytes(int64_t S) { return 4 * kQRows + 8 * S * kQRows; }
 
 // Validates the tensors (shapes, dtypes, contiguity) against N x K and views them as a QMat;
-// `m` is ignored for a kind without mins. Scales of dtype uint8 are factored records (above). With
+// `m` is ignored for a kind without mins. Scales of dtype uint8 are factored records (above), float16 flat halves. With
 // `experts` > 1 the tensors hold that many such matrices back to back (a MoE projection's stacked experts)
 // and the QMat views the first.
 QMat qmat_from_tensors(int64_t kind, int64_t N, int64_t K, const at::Tensor& data, const at::Tensor& d,

@@ -56,14 +56,18 @@ inline void prefetch_block(const void* p) {
   for (int64_t o = 0; o < kBytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
 }
 
-// The 8 rows' scales (or mins) of scale group sg of block b in group g: one load (flat), or super * sub
-// of the factored record (quant_linear.h). The empty asm makes the product an opaque value: -ffast-math
+// The 8 rows' scales (or mins) of scale group sg of block b in group g: one load (flat float32 or float16),
+// or super * sub of the factored record (quant_linear.h). The empty asm makes the product an opaque value: -ffast-math
 // may not fold it into the products that follow, so a factored weight computes the flat one's bits.
 // Loading the super-scales once per 8 blocks instead (they change every 256 elements) measured slower:
 // Q4_K at one row 0.170 -> 0.197 ms for 4096 x 2048 on a Zen 3, Q6_K 5% faster.
-template <int S, bool kF>
+template <int S, int kF>
 inline __m256 scales8(const void* base, int64_t nb, int64_t g, int64_t b, int sg) {
-  if (!kF) return _mm256_loadu_ps(static_cast<const float*>(base) + ((g * nb + b) * S + sg) * kQRows);
+  const int64_t at = ((g * nb + b) * S + sg) * kQRows;
+  if (kF == kScalesFlat) return _mm256_loadu_ps(static_cast<const float*>(base) + at);
+  // the file's float16 scales as it stores them: widened exactly (F16C), the flat layout's float32 values
+  if (kF == kScalesHalf) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                    static_cast<const uint16_t*>(base) + at)));
   const uint8_t* rec = static_cast<const uint8_t*>(base) + (g * (nb / 8) + b / 8) * factored_record_bytes(S);
   const __m128i sub = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + 4 * kQRows + ((b % 8) * S + sg) * kQRows));
   __m256 v = _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(rec)),
@@ -121,7 +125,7 @@ inline void scale_group(__m256 d8, const __m256i* s32, const float* const* xd, i
 // The 8-bit kinds (Q8_0, Q8_M, Q8_16, Q8_M16): S scale groups per 32-block (1 or 2), mins or not. The
 // integer sums equal the plain products (q8_quarter); per scale group the float step (scale_group), then the
 // min terms (acc += m * s).
-template <int R, int S, bool kMin, bool kF>
+template <int R, int S, bool kMin, int kF>
 inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   constexpr int kT = 8 / S;  // 4-element quarters per scale group
   const int64_t nb = w.K / kQBlock, K = w.K;
@@ -153,7 +157,7 @@ inline void tile_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 // the R rows. Both are unsigned values with a min, so the integer work is Q4_1's on 0..31 instead of
 // 0..15 plus two shifts and masks per quarter: the 5-bit weights stream 160 + 64 bytes per 8 rows x 32
 // instead of the 8-bit kinds' 256 + 64, for the same exact sums.
-template <int R, bool kQ5, bool kF>
+template <int R, bool kQ5, int kF>
 inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   constexpr int64_t kBytes = kQ5 ? 160 : 128;  // per 8-row block
   const int64_t nb = w.K / kQBlock, K = w.K;
@@ -228,7 +232,7 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 // Q6: each quarter's 32 bytes of nibbles and its top bits unpacked to two signed 8-bit quarters (values
 // -32..31), then tile_dot_q8<R, 2, false>'s integer sums and float steps in its order (q8_quarter,
 // scale_group): Q6_K's weights read 6.6 bits each (factored scales) instead of Q8_16's 10, for the same bits out.
-template <int R, bool kF>
+template <int R, int kF>
 inline void tile_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   const int64_t nb = w.K / kQBlock, K = w.K;
   const uint8_t* wg = static_cast<const uint8_t*>(w.data) + g * nb * 192;
@@ -273,7 +277,7 @@ inline __m512i load_pair(const void* a, const void* b) {
                             _mm256_loadu_si256(static_cast<const __m256i*>(b)), 1);
 }
 
-template <int S, bool kF>
+template <int S, int kF>
 inline __m512 scales16(const void* base, int64_t nb, int64_t g, int64_t b, int sg) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(scales8<S, kF>(base, nb, g, b, sg)),
                             scales8<S, kF>(base, nb, g + 1, b, sg), 1);
@@ -303,7 +307,7 @@ inline void signed_quarters2(const __m512i* wq, const uint8_t* const* xu, int64_
 }
 
 // tile_dot_q8 on a pair of groups
-template <int R, int S, bool kMin, bool kF>
+template <int R, int S, bool kMin, int kF>
 inline void tile2_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
   constexpr int kT = 8 / S;
   const int64_t nb = w.K / kQBlock, K = w.K;
@@ -332,7 +336,7 @@ inline void tile2_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
 }
 
 // tile_dot_q4 on a pair of groups
-template <int R, bool kQ5, bool kF>
+template <int R, bool kQ5, int kF>
 inline void tile2_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
   constexpr int64_t kBytes = kQ5 ? 160 : 128;
   const int64_t nb = w.K / kQBlock, K = w.K;
@@ -372,7 +376,7 @@ inline void tile2_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
 }
 
 // tile_dot_q6 on a pair of groups: the same unpacking to signed quarters, then signed_quarters2
-template <int R, bool kF>
+template <int R, int kF>
 inline void tile2_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
   const int64_t nb = w.K / kQBlock, K = w.K;
   const uint8_t* wg0 = static_cast<const uint8_t*>(w.data) + g * nb * 192;
@@ -404,7 +408,7 @@ inline void tile2_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
   for (int r = 0; r < R; ++r) out16[r] = acc[r];
 }
 
-template <int R, bool kF>
+template <int R, int kF>
 inline void tile2_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m512* out16) {
   switch (w.kind) {
     case QKind::Q8_0: tile2_dot_q8<R, 1, false, kF>(w, g, a, r0, out16); break;
@@ -422,10 +426,11 @@ template <int R>
 inline void tile2_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, const float* bias, float* out,
                         int64_t ldo) {
   __m512 acc[R];
-  if (w.factored)
-    tile2_dot_kind<R, true>(w, g, a, r0, acc);
-  else
-    tile2_dot_kind<R, false>(w, g, a, r0, acc);
+  switch (w.scales) {
+    case kScalesFlat: tile2_dot_kind<R, kScalesFlat>(w, g, a, r0, acc); break;
+    case kScalesFactored: tile2_dot_kind<R, kScalesFactored>(w, g, a, r0, acc); break;
+    default: tile2_dot_kind<R, kScalesHalf>(w, g, a, r0, acc); break;
+  }
   const int64_t n0 = g * kQRows, rows = std::min(2 * kQRows, w.N - n0);
   const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
   const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(keep, bias + n0) : _mm512_setzero_ps();
@@ -436,7 +441,7 @@ inline void tile2_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 }
 #endif
 
-template <int R, bool kF>
+template <int R, int kF>
 inline void tile_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
   switch (w.kind) {
     case QKind::Q8_0: tile_dot_q8<R, 1, false, kF>(w, g, a, r0, out8); break;
@@ -451,10 +456,11 @@ inline void tile_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t 
 
 template <int R>
 inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
-  if (w.factored)
-    tile_dot_kind<R, true>(w, g, a, r0, out8);
-  else
-    tile_dot_kind<R, false>(w, g, a, r0, out8);
+  switch (w.scales) {
+    case kScalesFlat: tile_dot_kind<R, kScalesFlat>(w, g, a, r0, out8); break;
+    case kScalesFactored: tile_dot_kind<R, kScalesFactored>(w, g, a, r0, out8); break;
+    default: tile_dot_kind<R, kScalesHalf>(w, g, a, r0, out8); break;
+  }
 }
 
 template <int R>
