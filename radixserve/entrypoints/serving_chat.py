@@ -97,6 +97,14 @@ class OpenAIServingChat(OpenAIServingBase):
         assert run.response is not None
         return JSONResponse(run.response.model_dump())
 
+    def render(self, req: ChatCompletionRequest) -> tuple[str, _Tools, ChatReasoning]:
+        """The prompt `req` renders to, with its tools (each parameter schema checked) and reasoning settings:
+        what run() generates from, and what a count of the prompt's tokens (Anthropic's count_tokens) counts."""
+        tools = _Tools(req, self.tool_parser_name)
+        reasoning = ChatReasoning(req, self.server_args, self.tokenizer.chat_template, self.tm.limits.context_len)
+        return self.apply_template(req.messages, tools.defs if tools.active else None, reasoning.template_kwargs), \
+            tools, reasoning
+
     async def run(self, req: ChatCompletionRequest, request: Request) -> ServingRun:
         """The call `req` asks for (req.stream picks the form); `request` is watched for a client that
         leaves. The API surfaces that translate onto this route call it too (entrypoints/surfaces.py)."""
@@ -105,9 +113,7 @@ class OpenAIServingChat(OpenAIServingBase):
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
         top_k = self.check_top_logprobs(req.top_logprobs, "top_logprobs")
-        tools = _Tools(req, self.tool_parser_name)
-        reasoning = ChatReasoning(req, self.server_args, self.tokenizer.chat_template, self.tm.limits.context_len)
-        prompt = self.apply_template(req.messages, tools.defs if tools.active else None, reasoning.template_kwargs)
+        prompt, tools, reasoning = self.render(req)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
         constraint, renames = self.constraint(req, tools.structural_tag())

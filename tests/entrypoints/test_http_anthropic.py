@@ -285,3 +285,17 @@ def test_an_error_after_the_headers_is_an_error_event(server, http) -> None:
                 aborted = True
     assert caught.value.body["error"]["type"] == "api_error"
     assert _sdk(server).messages.create(**GOOD).usage.output_tokens >= 1
+
+
+def test_a_bad_input_schema_is_refused_by_messages_and_count_tokens_alike(server) -> None:
+    """count_tokens renders through the chat route's own check of each tool's schema (OpenAIServingChat.render),
+    so a schema /v1/messages refuses is refused there too, naming the tool's input_schema, not counted."""
+    bad_tool = [{"name": "f", "description": "d", "input_schema": {"type": "object", "properties": {"a": {"type": 5}}}}]
+    body = {"model": "default", "messages": ASK, "tools": bad_tool}
+    for path, extra in (("/v1/messages", {"max_tokens": 4}), ("/v1/messages/count_tokens", {})):
+        r = httpx.post(server.base_url + path, json={**body, **extra}, headers=HEADERS, timeout=300)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error" and "tools.0.input_schema" in r.text, r.text
+    ok = httpx.post(server.base_url + "/v1/messages/count_tokens", json={"model": "default", "messages": ASK},
+                    headers=HEADERS, timeout=300)
+    assert ok.status_code == 200 and ok.json()["input_tokens"] > 0

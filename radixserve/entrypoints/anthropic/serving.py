@@ -25,7 +25,6 @@ from radixserve.entrypoints.anthropic.protocol import (
 )
 from radixserve.entrypoints.anthropic.stream import AnthropicSSE, EventWriter, error_body, events
 from radixserve.entrypoints.openai_serving import APIError, parse_body
-from radixserve.parser.reasoning_request import ChatReasoning
 
 if TYPE_CHECKING:
     from radixserve.entrypoints.serving_chat import OpenAIServingChat
@@ -66,12 +65,7 @@ class AnthropicServing:
         chat = self.chat
         chat.check_model(chat_req.model)
         try:
-            # what chat.run renders: the tools unless tool_choice is none, the thinking switch's template kwargs
-            tools = [t.model_dump(exclude_none=True) for t in chat_req.tools or []]
-            active = tools if tools and chat_req.tool_choice != "none" else None
-            reasoning = ChatReasoning(chat_req, chat.server_args, chat.tokenizer.chat_template,
-                                      chat.tm.limits.context_len)
-            prompt = chat.apply_template(chat_req.messages, active, reasoning.template_kwargs)
+            prompt, _, _ = chat.render(chat_req)  # what chat.run renders, its tools' schemas checked as there
             ids = chat.tm.normalizer.tokenize(prompt)
         except APIError as e:
             raise translate.renamed(e) from None
