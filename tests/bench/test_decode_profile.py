@@ -60,3 +60,11 @@ def test_gemv_bytes_are_the_blocks_bytes(prof, fast_runner):
 def test_bad_arguments_are_refused(fast_runner):
     with pytest.raises(ValueError, match="context_len and steps"):
         decode_profile.profile_batch1(fast_runner, context_len=0)
+
+
+@pytest.mark.parametrize("steps", ["0", "-5", "100000000"])
+def test_absurd_profile_steps_are_refused_before_loading(steps):
+    from radixserve.bench import one_batch
+
+    with pytest.raises(SystemExit, match="--profile-steps"):
+        one_batch.main(["--profile", "--profile-steps", steps])

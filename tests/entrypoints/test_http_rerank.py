@@ -246,3 +246,11 @@ def test_tiny_sequence_classifier_equals_transformers(tiny_folders, tokenizer):
         r = http.post("/v1/embeddings", json={"input": "hello"})
         assert r.status_code == 400 and "classifier" in r.text
         assert close(by_index(rerank(http, query=QUERY, documents=DOCS)), by_index(out))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10**9])
+def test_absurd_max_rerank_documents_is_refused_naming_the_knob(bad) -> None:
+    from radixserve.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="max_rerank_documents"):
+        ServerArgs(max_rerank_documents=bad)
