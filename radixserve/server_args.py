@@ -152,6 +152,19 @@ class ServerArgs:
     chunked_prefill_size: int = _knob(2048, "a longer prompt runs as several EXTEND chunks; <=0 disables")
     schedule_policy: str = _knob("fcfs", "fcfs | lpm (longest prefix match first)")
     disable_radix_cache: bool = _knob(False, "no prefix sharing: KV freed when a request finishes")
+    enable_hierarchical_cache: bool = _knob(
+        False, "a disk tier under the radix cache (mem_cache/hiradix_cache.py): evicted and twice-reused prefixes, "
+        "and every cached prefix at shutdown, are written to --hicache-storage-dir and read back on a match, also "
+        "after a restart. Needs --hicache-storage-dir"
+    )
+    hicache_storage_dir: str | None = _knob(
+        None, "directory of the disk tier (created if missing; an unwritable one is a start-up error). Entries are "
+        "keyed by the model files, dtypes, KV dtype, TP/PP rank and LoRA adapter: another model never hits them"
+    )
+    hicache_size: float = _knob(
+        16.0, "GiB the disk tier may fill (this model's folder in --hicache-storage-dir); the least recently used "
+        "blocks are deleted past it. (0, 100000]"
+    )
     enable_mixed_chunk: bool = _knob(False, "run a prefill chunk and the running decodes in one MIXED forward")
     init_new_token_ratio: float = _knob(0.7, "initial share of max_new_tokens reserved for running requests")
     min_new_token_ratio: float = _knob(0.1, "floor the reservation decays to")

@@ -32,6 +32,21 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_MEM_FRACTION = 0.8  # ServerArgs.mem_fraction_static's default (model_executor/memory_budget.py)
 
 
+def check_hicache_args(args: ServerArgs, bad) -> None:
+    """The disk tier's knobs (the directory itself is checked when the scheduler opens it)."""
+    if args.enable_hierarchical_cache:
+        if not args.hicache_storage_dir:
+            bad("hicache_storage_dir", "--enable-hierarchical-cache needs a directory for the disk tier "
+                "(--hicache-storage-dir DIR)")
+        if args.disable_radix_cache:
+            bad("enable_hierarchical_cache", "the disk tier sits under the radix cache; drop --disable-radix-cache")
+    elif args.hicache_storage_dir:
+        bad("hicache_storage_dir", "given without --enable-hierarchical-cache")
+    size = args.hicache_size
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= 100_000:
+        bad("hicache_size", f"must be in (0, 100000] GiB, got {size!r}")
+
+
 def check_server_args(args: ServerArgs) -> None:
     """Raise ValueError naming the first bad field; also normalise the few values that have two spellings
     (api_key from the environment, request_timeout <= 0 = none, speculative_algorithm "none").
@@ -53,6 +68,7 @@ def check_server_args(args: ServerArgs) -> None:
         bad("max_top_logprobs", "must be >= 0")
     if isinstance(args.responses_store_size, bool) or not 1 <= args.responses_store_size <= 100_000:
         bad("responses_store_size", f"must be in [1, 100000], got {args.responses_store_size!r}")
+    check_hicache_args(args, bad)
     if not args.rpc_timeout > 0 or not args.graceful_shutdown_timeout >= 0:
         bad("rpc_timeout", "rpc_timeout must be > 0 and graceful_shutdown_timeout >= 0")
 

@@ -25,6 +25,7 @@ from radixserve.managers.embedding_request import check_options, embedding_input
 from radixserve.managers.io_struct import GenerateReqInput, ShutdownReq, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.model_loader import get_tokenizer
+from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout
 from radixserve.server_args import ServerArgs
 
 PROGRESS_BAR_MIN_BATCH = 16
@@ -200,8 +201,9 @@ class Engine:
         """Abort `rid` (exactly, and the rid-i sub-requests of a batch / n call made with it)."""
         return self._run(self.tm.abort_request(rid))
 
-    def flush_cache(self) -> bool:
-        return self._run(self.tm.flush_cache())
+    def flush_cache(self, storage: bool = False) -> bool:
+        """Empty the radix cache (False while requests run); `storage`: the disk tier too."""
+        return self._run(self.tm.flush_cache(storage))
 
     def get_server_info(self) -> dict[str, Any]:
         return self._run(self.tm.get_server_info())
@@ -213,7 +215,7 @@ class Engine:
         if self.handle is not None:
             if self.handle.is_alive():
                 self.loop.call_soon_threadsafe(self.tm.send, ShutdownReq())  # sockets live on the loop's thread
-            self.handle.stop()
+            self.handle.stop(scheduler_stop_timeout(self.server_args, 5.0))
             self.handle = None
         self._run(self.tm.close())
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -62,6 +62,7 @@ from radixserve.entrypoints.worker_node import run_worker_node
 from radixserve.exceptions import SchedulerDied
 from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.managers.io_struct import ShutdownReq
+from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.metrics import ServerMetrics
 from radixserve.model_loader import get_tokenizer
@@ -130,7 +131,7 @@ def build_app(state: ServerState) -> FastAPI:
             await web_feed.close()
             if state.handle.is_alive():
                 tm.send(ShutdownReq())
-            await asyncio.to_thread(state.handle.stop, SCHEDULER_STOP_TIMEOUT_S)
+            await asyncio.to_thread(state.handle.stop, scheduler_stop_timeout(args, SCHEDULER_STOP_TIMEOUT_S))
             await tm.close()
 
     app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan, responses=error_responses())
@@ -277,7 +278,7 @@ def launch_server(server_args: ServerArgs) -> None:
         pass
     finally:
         if handle is not None:
-            handle.stop(SCHEDULER_STOP_TIMEOUT_S)
+            handle.stop(scheduler_stop_timeout(server_args, SCHEDULER_STOP_TIMEOUT_S))
         sock.close()
     if state is not None and state.death_reason:
         raise SystemExit(1)

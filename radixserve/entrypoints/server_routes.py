@@ -98,8 +98,12 @@ def add_info_routes(app: FastAPI, state: ServerState, servings: dict[str, Any]) 
 
     @app.get("/flush_cache", operation_id="flush_cache_get")
     @app.post("/flush_cache", operation_id="flush_cache_post")
-    async def flush_cache() -> Response:
-        ok = await state.tm_or_503().flush_cache()
+    async def flush_cache(storage: bool = False) -> Response:
+        """`?storage=true` empties the disk tier as well (--enable-hierarchical-cache)."""
+        try:
+            ok = await state.tm_or_503().flush_cache(storage)
+        except ValueError as e:
+            raise APIError(400, str(e), "storage") from None
         if not ok:
             raise APIError(400, "flush_cache: requests are still running; try again when idle", code="busy")
         return JSONResponse({"success": True, "message": "Cache flushed."})

@@ -66,6 +66,7 @@ class AbortReq:
 @dataclass
 class FlushCacheReq:
     rpc_id: int = 0
+    storage: bool = False  # the disk tier too (--enable-hierarchical-cache)
 
 
 @dataclass

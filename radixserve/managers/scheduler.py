@@ -34,6 +34,7 @@ from radixserve.managers.schedule_batch import ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
 from radixserve.managers.server_info import server_info
 from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.hiradix_cache import make_hiradix_cache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_tokenizer
@@ -54,8 +55,11 @@ class Scheduler:
         self.tokenizer = get_tokenizer(runner.model_path, server_args.tokenizer_path, server_args.chat_template)
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.token_to_kv_pool_allocator
-        cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
-        self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, server_args.page_size)
+        if server_args.enable_hierarchical_cache:  # a disk tier under the radix tree (mem_cache/hiradix_cache.py)
+            self.tree_cache = make_hiradix_cache(runner, server_args.page_size)
+        else:
+            cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
+            self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, server_args.page_size)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache)
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([])
@@ -276,6 +280,8 @@ class Scheduler:
             if req.kv_len == 0 and req.num_retractions == 0:
                 req.cached_tokens = len(req.prefix_indices)
                 self.stats["cached_tokens"] += req.cached_tokens
+                if req.cached_tokens:
+                    self.tree_cache.on_prefix_hit(req.last_node)
         batch = self._new_batch(adder.can_run)
         try:
             batch.prepare_for_extend()
@@ -370,10 +376,13 @@ class Scheduler:
             self.output_processor.maybe_stream(req)
 
     # ------------------------------------------------------------------ control
-    def flush_cache(self) -> bool:
+    def flush_cache(self, storage: bool = False) -> bool:
+        """Empty the radix cache (only while nothing runs); `storage`: the disk tier too."""
         if self.has_work():
             return False
         self.tree_cache.reset()
+        if storage:
+            self.tree_cache.reset_storage()
         self.req_to_token_pool.clear()
         self.allocator.clear()
         self.stats["prompt_tokens"] = self.stats["cached_tokens"] = 0
@@ -392,7 +401,8 @@ class Scheduler:
             self.queue_state(), self.stats, grammar=self.grammar_queue.info(), spec=SpecWorker.info(self.spec_worker),
             expert_load=self.expert_load, failed_forward_streak=self.failed_forward_streak,
             deterministic_inference=runner.deterministic, generation_tokens=self.output_processor.generated_tokens,
-            context_len=self.model_config.context_len, step_time_s=self.step_time_s, forward_timers=runner.timers)
+            context_len=self.model_config.context_len, step_time_s=self.step_time_s, forward_timers=runner.timers,
+            cache_tiers=self.tree_cache.info())
 
     def get_steps(self, since: int, rid: str | None = None, limit: int = MAX_STEPS_PER_SNAPSHOT) -> dict:
         """The step log's records after step `since` (StepLog.snapshot), with the queue counts shown beside them."""

@@ -140,7 +140,7 @@ class SchedulerProcess:
         elif isinstance(msg, AbortReq):
             s.abort_request(msg.rid)
         elif isinstance(msg, FlushCacheReq):
-            self.send(RpcOutput("flush_cache", ok=s.flush_cache(), rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
+            self.send(RpcOutput("flush_cache", ok=s.flush_cache(msg.storage), rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, GetServerInfoReq):
             data = s.get_server_info()
             if msg.steps_since is not None:
@@ -211,6 +211,7 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
     ready.close(linger=2000)
     try:
         proc.event_loop()
+        proc.scheduler.tree_cache.close()  # a stop, not a failure: the disk tier saves what it holds
     except Exception as e:
         if any(p in str(e) for p in _PEER_LOST):
             # a peer is gone (stopped, or it failed and its launcher reports why): follow it quietly

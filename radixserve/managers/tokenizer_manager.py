@@ -286,8 +286,13 @@ class TokenizerManager:
         finally:
             self.rpc_waiters.pop(rpc_id, None)
 
-    async def flush_cache(self) -> bool:
-        answers = await self._rpc(lambda i, k: FlushCacheReq(rpc_id=i), "flush_cache")
+    async def flush_cache(self, storage: bool = False) -> bool:
+        """Empty every replica's radix cache; `storage`: the disk tier too (a ValueError naming the field
+        when the server has none: nothing would be emptied)."""
+        if storage and not self.server_args.enable_hierarchical_cache:
+            raise ValueError("storage: this server has no disk tier to empty (start it with "
+                             "--enable-hierarchical-cache --hicache-storage-dir DIR)")
+        answers = await self._rpc(lambda i, k: FlushCacheReq(rpc_id=i, storage=storage), "flush_cache")
         for a in answers:
             if a.ok:
                 self.router.on_flushed(a.dp_rank)

@@ -152,6 +152,19 @@ class BasePrefixCache(ABC):
     def all_slots(self) -> torch.Tensor:
         """Every slot held by the cache (int64, any order), for invariant checks."""
 
+    def on_prefix_hit(self, node: Any) -> None:
+        """An admitted request reuses the cached prefix ending at `node` (the disk tier counts hits)."""
+
+    def info(self) -> dict[str, Any]:
+        """Figures of this cache's tiers for get_server_info() (the disk tier's; none here)."""
+        return {}
+
+    def reset_storage(self) -> None:
+        """Empty the disk tier (callers check that one exists: TokenizerManager.flush_cache)."""
+
+    def close(self) -> None:
+        """The scheduler is stopping (the disk tier saves what it can)."""
+
     @abstractmethod
     def reset(self) -> None:
         """Drop everything, returning all cached slots to the allocator (flush_cache). Only legal

@@ -35,7 +35,7 @@ _node_ids = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("children", "id", "key", "last_access", "lock_ref", "parent", "value")
+    __slots__ = ("backed", "children", "hit_count", "id", "key", "last_access", "lock_ref", "parent", "value")
 
     def __init__(self, parent: TreeNode | None, key: list[int], value: torch.Tensor, now: int) -> None:
         self.children: dict[Any, TreeNode] = {}
@@ -45,6 +45,9 @@ class TreeNode:
         self.lock_ref = 0
         self.last_access = now
         self.id = next(_node_ids)  # tie-break for the LRU heap: deterministic eviction order
+        # the disk tier (hiradix_cache.py): admissions that reused this node, and whether its blocks are on disk
+        self.hit_count = 0
+        self.backed = False
 
     def __lt__(self, other: TreeNode) -> bool:
         return (self.last_access, self.id) < (other.last_access, other.id)
@@ -102,6 +105,7 @@ class RadixCache(BasePrefixCache):
         assert parent is not None and 0 < at < len(child.key) and at % self.page_size == 0
         new = TreeNode(parent, child.key[:at], child.value[:at], child.last_access)
         new.lock_ref = child.lock_ref
+        new.hit_count, new.backed = child.hit_count, child.backed  # both halves were hit and stored alike
         child.key, child.value = child.key[at:], child.value[at:]
         child.parent = new
         new.children[self._child_key(child.key)] = child
@@ -229,6 +233,7 @@ class RadixCache(BasePrefixCache):
         freed = 0
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)
+            self._evicting(leaf)
             self.token_to_kv_pool_allocator.free(leaf.value)
             freed += len(leaf.value)
             self._evictable -= len(leaf.value)
@@ -239,6 +244,10 @@ class RadixCache(BasePrefixCache):
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)
         return freed
+
+    def _evicting(self, leaf: TreeNode) -> None:
+        """Called with a leaf whose slots are about to be freed (its parent path still in memory): the
+        disk tier writes it back here."""
 
     # ------------------------------------------------------------------ sizes
     def evictable_size(self) -> int:
