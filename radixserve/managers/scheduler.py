@@ -33,9 +33,7 @@ from radixserve.managers.request_normalizer import RequestLimits, check_tokenize
 from radixserve.managers.schedule_batch import ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
 from radixserve.managers.server_info import server_info
-from radixserve.mem_cache.chunk_cache import ChunkCache
-from radixserve.mem_cache.hiradix_cache import make_hiradix_cache
-from radixserve.mem_cache.radix_cache import RadixCache
+from radixserve.mem_cache.hiradix_cache import make_tree_cache
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_tokenizer
 from radixserve.parser.thinking_gate import gate_for
@@ -55,11 +53,7 @@ class Scheduler:
         self.tokenizer = get_tokenizer(runner.model_path, server_args.tokenizer_path, server_args.chat_template)
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.token_to_kv_pool_allocator
-        if server_args.enable_hierarchical_cache:  # a disk tier under the radix tree (mem_cache/hiradix_cache.py)
-            self.tree_cache = make_hiradix_cache(runner, server_args.page_size)
-        else:
-            cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
-            self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator, server_args.page_size)
+        self.tree_cache = make_tree_cache(runner)  # radix, chunk (no sharing) or radix over a disk tier
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache)
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([])
@@ -280,8 +274,7 @@ class Scheduler:
             if req.kv_len == 0 and req.num_retractions == 0:
                 req.cached_tokens = len(req.prefix_indices)
                 self.stats["cached_tokens"] += req.cached_tokens
-                if req.cached_tokens:
-                    self.tree_cache.on_prefix_hit(req.last_node)
+                self.tree_cache.on_prefix_hit(req.last_node)  # the disk tier's write-through counts reuses
         batch = self._new_batch(adder.can_run)
         try:
             batch.prepare_for_extend()
@@ -370,14 +363,10 @@ class Scheduler:
         self._finish_or_stream(req, self.output_processor.append_token(req, next_id, sample, i))
 
     def _finish_or_stream(self, req: Req, reason: FinishReason | None) -> None:
-        if reason is not None:
-            self._finish(req, reason)
-        else:
-            self.output_processor.maybe_stream(req)
+        self._finish(req, reason) if reason is not None else self.output_processor.maybe_stream(req)
 
     # ------------------------------------------------------------------ control
-    def flush_cache(self, storage: bool = False) -> bool:
-        """Empty the radix cache (only while nothing runs); `storage`: the disk tier too."""
+    def flush_cache(self, storage: bool = False) -> bool:  # storage: the disk tier too
         if self.has_work():
             return False
         self.tree_cache.reset()

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixserve.mem_cache.base_prefix_cache import MatchResult
+from radixserve.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult
+from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.cache_namespace import NAMESPACE_SHIFT
-from radixserve.mem_cache.hicache_storage import HiCacheFile, chain_keys
+from radixserve.mem_cache.hicache_storage import BlockShape, HiCacheFile, chain_keys, folder_fingerprint, identity_of
 from radixserve.mem_cache.radix_cache import RadixCache, TreeNode
 
 if TYPE_CHECKING:
@@ -223,8 +224,6 @@ class HiRadixCache(RadixCache):
 
 def hicache_identity(runner: Any) -> dict[str, Any]:
     """What the KV of a token depends on besides its prefix: the weights, how they run, and this rank's shard."""
-    from radixserve.mem_cache.hicache_storage import folder_fingerprint
-
     args, ps = runner.server_args, runner.parallel_state
     return {"model": folder_fingerprint(runner.model_path), "dtype": str(runner.dtype),
             "act_dtype": str(runner.act_dtype), "quantization": runner.quantization,
@@ -233,11 +232,19 @@ def hicache_identity(runner: Any) -> dict[str, Any]:
             "layers": [runner.stage_layers.start, runner.stage_layers.stop]}
 
 
-def make_hiradix_cache(runner: Any, page_size: int) -> HiRadixCache:
-    """The cache --enable-hierarchical-cache asks for, over this runner's pools (a ValueError naming
-    --hicache-storage-dir when the directory cannot hold it)."""
-    from radixserve.mem_cache.hicache_storage import BlockShape, folder_fingerprint, identity_of
+def make_tree_cache(runner: Any) -> BasePrefixCache:
+    """The scheduler's prefix cache over this runner's pools: ChunkCache (--disable-radix-cache), RadixCache, or
+    HiRadixCache (--enable-hierarchical-cache; a ValueError naming --hicache-storage-dir when the directory
+    cannot hold it)."""
+    args = runner.server_args
+    if args.disable_radix_cache:
+        return ChunkCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, args.page_size)
+    if not args.enable_hierarchical_cache:
+        return RadixCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, args.page_size)
+    return make_hiradix_cache(runner, args.page_size)
 
+
+def make_hiradix_cache(runner: Any, page_size: int) -> HiRadixCache:
     args, pool = runner.server_args, runner.token_to_kv_pool
     shape = BlockShape(pool.num_layers, block_tokens_for(page_size), pool.num_kv_heads, pool.head_dim, pool.dtype)
     identity = identity_of(hicache_identity(runner))
