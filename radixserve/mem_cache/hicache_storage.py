@@ -272,7 +272,6 @@ class HiCacheFile:
         self.stats.read_failures += 1
         logger.warning("hicache: block %s is %s: a miss (the file is removed)", key[:16], why)
         self._forget(key)
-        return None
 
     # ------------------------------------------------------------------ write
     def put(self, key: str, payload: torch.Tensor) -> bool:

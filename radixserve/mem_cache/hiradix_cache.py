@@ -25,9 +25,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult
-from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.cache_namespace import NAMESPACE_SHIFT
-from radixserve.mem_cache.hicache_storage import BlockShape, HiCacheFile, chain_keys, folder_fingerprint, identity_of
+from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.hicache_storage import (
+    BlockShape,
+    HiCacheFile,
+    chain_keys,
+    folder_fingerprint,
+    identity_of,
+)
 from radixserve.mem_cache.radix_cache import RadixCache, TreeNode
 
 if TYPE_CHECKING:
