@@ -62,8 +62,8 @@ from radixserve.entrypoints.worker_node import run_worker_node
 from radixserve.exceptions import SchedulerDied
 from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.managers.io_struct import ShutdownReq
-from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout
 from radixserve.managers.tokenizer_manager import TokenizerManager
+from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout
 from radixserve.metrics import ServerMetrics
 from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs
