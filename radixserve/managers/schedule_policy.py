@@ -33,10 +33,18 @@ class SchedulePolicy:
 
     def calc_priority(self, waiting: list[Req]) -> None:
         """Match every waiting request against the cache and order the queue in place."""
+        epoch = self.tree_cache.eviction_epoch()
         for req in waiting:
             req.init_next_round_input()
             match = self.tree_cache.match_prefix(req.prefix_match_key())
             req.prefix_indices, req.last_node = match.device_indices, match.last_node
+        if self.tree_cache.eviction_epoch() != epoch:
+            # A disk-tier restore made room by evicting: a match taken before it (unlocked until admitted) may
+            # name freed slots. Match them all again, restoring nothing more, so no eviction happens this time.
+            with self.tree_cache.memory_only():
+                for req in waiting:
+                    match = self.tree_cache.match_prefix(req.prefix_match_key())
+                    req.prefix_indices, req.last_node = match.device_indices, match.last_node
         if self.policy == "lpm":
             # Longest cached prefix first: it needs the least compute and keeps hot nodes locked.
             waiting.sort(key=lambda r: (-r.priority, -len(r.prefix_indices)))

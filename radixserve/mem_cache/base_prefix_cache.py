@@ -20,6 +20,7 @@ whatever part the tree already had is freed there, so a slot never has two owner
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -151,6 +152,15 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def all_slots(self) -> torch.Tensor:
         """Every slot held by the cache (int64, any order), for invariant checks."""
+
+    def eviction_epoch(self) -> int:
+        """Changes whenever match_prefix may have evicted (the disk tier's restores): matches taken before are
+        stale. Constant here: a plain match never evicts."""
+        return 0
+
+    def memory_only(self) -> contextlib.AbstractContextManager:
+        """Within it, match_prefix does not restore from a lower tier (so it cannot evict)."""
+        return contextlib.nullcontext()
 
     def on_prefix_hit(self, node: Any) -> None:
         """An admitted request reuses the cached prefix ending at `node` (the disk tier counts hits)."""

@@ -17,9 +17,10 @@ so a file missing or corrupt on one rank shortens the hit on all of them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -71,6 +72,8 @@ class HiRadixCache(RadixCache):
         self.ps = parallel_state if parallel_state is not None and parallel_state.world_size > 1 else None
         self._buf = bytearray(storage.shape.file_bytes)  # one block read at a time
         self.memory_evicted_tokens = 0
+        self._evictions = 0  # eviction_epoch(): bumped by every evict() that freed something
+        self._restore = True
 
     # ------------------------------------------------------------------ keys
     def _namespace(self, key: list[int]) -> str | None:
@@ -91,7 +94,7 @@ class HiRadixCache(RadixCache):
         m, b = len(res.device_indices), self.block
         n_blocks = len(key) // b
         first = m // b
-        if first >= n_blocks:  # nothing a block could add (the same on every rank: their trees are equal)
+        if first >= n_blocks or not self._restore:  # nothing a block could add (alike on every rank: equal trees)
             return res
         ns = self._namespace(key)
         found = 0
@@ -192,7 +195,19 @@ class HiRadixCache(RadixCache):
     def evict(self, num_tokens: int) -> int:
         freed = super().evict(num_tokens)
         self.memory_evicted_tokens += freed
+        self._evictions += freed > 0
         return freed
+
+    def eviction_epoch(self) -> int:
+        return self._evictions
+
+    @contextlib.contextmanager
+    def memory_only(self) -> Iterator[None]:
+        self._restore = False
+        try:
+            yield
+        finally:
+            self._restore = True
 
     def on_prefix_hit(self, node: Any) -> None:
         while node is not self.root:

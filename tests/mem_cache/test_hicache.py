@@ -228,3 +228,21 @@ def test_a_block_file_round_trips_and_refuses_another_shape(tmp_path):
     other = HiCacheFile(str(tmp_path), "e" * 64, BlockShape(3, 64, 2, 8, torch.float32), 2**30)
     assert len(other) == 0
     other.close()
+
+
+def test_a_restore_that_evicts_does_not_strand_an_earlier_match(hicache, make_scheduler):
+    """Two requests wait together: A's prefix is in memory (unlocked until admitted), B's on disk, and the pool
+    can take B's blocks only by evicting A's prefix. The queue is matched again after such a restore, so A never
+    runs on freed slots (--check-invariants would catch a slot with two owners), and both answer as alone."""
+    p0 = list(range(6000, 6640))  # 640 tokens: 9 blocks of the 639 a match can take
+    p1 = list(range(7000, 7320))
+    a_prompt, b_prompt = p1 + list(range(100, 110)), p0
+    alone = run(make_scheduler(), {"A": a_prompt, "B": b_prompt}, greedy(4))
+    sched = hicache(max_total_tokens=800)
+    run(sched, {"B0": p0}, greedy(4))
+    sched.tree_cache.close()  # p0 on disk
+    assert sched.flush_cache()  # ... and only there
+    run(sched, {"A0": p1}, greedy(4))  # p1 in memory, evictable
+    both = run(sched, {"A": a_prompt, "B": b_prompt}, greedy(4))
+    assert both["B"].meta["cached_tokens"] == 576
+    assert compare(alone, both) == 0
