@@ -246,3 +246,15 @@ def test_a_restore_that_evicts_does_not_strand_an_earlier_match(hicache, make_sc
     both = run(sched, {"A": a_prompt, "B": b_prompt}, greedy(4))
     assert both["B"].meta["cached_tokens"] == 576
     assert compare(alone, both) == 0
+
+
+def test_pages_of_48_and_chunked_prefill_restore_whole_blocks(hicache, tmp_path):
+    """page_size 48: blocks are rounded up to 96 positions (whole pages); prompts cut in 100-token chunks."""
+    first = hicache(page_size=48, chunked_prefill_size=100)
+    assert first.tree_cache.block == 96
+    ref = run(first, PROMPTS, greedy(6))
+    first.tree_cache.close()
+    again = hicache(page_size=48, chunked_prefill_size=100)
+    got = run(again, PROMPTS, greedy(6))
+    assert cached(got) == {"a": 288, "b": 96}
+    assert compare(ref, got) == 0
