@@ -84,26 +84,27 @@ def estimate_weight_bytes(model: nn.Module, blocks: GGUFBlocks, mode: str, float
     total, counted = 0, set()
 
     def fmt_of(srcs: list[str]):
+        """(the format the kernels hold these sources in, whether its scales are the file's own)."""
         fmts = [FORMATS[blocks.qtype(s)] for s in srcs if s in blocks]
         if low_bit is not None:
-            return low_bit
+            return low_bit, False  # quantised at load: float32 scales
         if mode == "none" or not fmts or all(f.handling == "float" for f in fmts):
-            return None
+            return None, False
         if any(f.handling == "float" for f in fmts):
-            return FORMATS["Q8_0"]
-        return max(fmts, key=lambda f: f.kernel_bytes(256))
+            return FORMATS["Q8_0"], False
+        return max(fmts, key=lambda f: f.kernel_bytes(256)), True
 
     for name, mod in _layers(model):
         if isinstance(mod, FusedMoE):
             numel = mod.num_local * 3 * mod.inter_per_rank * mod.hidden_size
-            fmt = fmt_of([f"{name}.{p}_proj.weight" for p in ("gate", "up", "down")])
+            fmt, own = fmt_of([f"{name}.{p}_proj.weight" for p in ("gate", "up", "down")])
         else:
             out_f, in_f = mod.weight_dims()
             numel = out_f * in_f
-            fmt = fmt_of([s for s, _ in sources(name)])
+            fmt, own = fmt_of([s for s, _ in sources(name)])
             if mod.weight is not None:
                 counted.add(id(mod.weight))
-        total += numel * float_bytes if fmt is None else fmt.kernel_bytes(numel)
+        total += numel * float_bytes if fmt is None else fmt.kernel_bytes(numel, file_scales=own)
         if isinstance(mod, FusedMoE):
             counted.update(id(p) for p in (mod.w13, mod.w2) if p is not None)
     emb = _embedding(model)

@@ -237,16 +237,21 @@ class GGUFFormat:
         kind = self.kind if self.handling == "exact" else self.requant_kind
         return "float" if kind is None else KINDS[kind].activation
 
-    def kernel_bytes(self, numel: int, float_bytes: int = 4) -> int:
+    def kernel_bytes(self, numel: int, float_bytes: int = 4, file_scales: bool = True) -> int:
         """Bytes `numel` weights of this type take in the kernels' layout (QuantWeight: the data planes, then
-        float32 scales and mins per group, or their factored records where the format has factors);
-        float types take `float_bytes` a value. The memory budget's estimate before anything is loaded: an upper
-        bound for the legacy types, whose float16 file scales the layout keeps as they are (qweight._half_if_exact)."""
-        kind = self.kind if self.handling == "exact" else self.requant_kind
+        scales and mins per group, or their factored records where the format has factors); float types take
+        `float_bytes` a value. The memory budget's estimate before anything is loaded. `file_scales`: the
+        file's own blocks are kept, so a legacy type's float16 scales stay 2 bytes (qweight._half_if_exact);
+        False for blocks quantised at load from float weights (float32 scales)."""
+        exact = self.handling == "exact"
+        kind = self.kind if exact else self.requant_kind
         if kind is None:
             return numel * float_bytes
         kk = KINDS[kind]
-        per_group = (4 + 256 // kk.group) / (256 // kk.group) if self.factors is not None else 4.0
+        if self.factors is not None:
+            per_group = (4 + 256 // kk.group) / (256 // kk.group)
+        else:
+            per_group = 2.0 if exact and file_scales else 4.0
         scale_bytes = per_group * (2 if kk.has_min else 1) * numel / kk.group
         return int(numel * kk.bits / 8 + scale_bytes)
 
