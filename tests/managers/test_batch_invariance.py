@@ -84,10 +84,10 @@ def test_small_pool_retracts_and_output_is_unchanged(make_scheduler, prompts, to
     alone_sched = make_scheduler(disable_radix_cache=True)
     ref = {}
     for rid, ids in subset.items():
-        ref.update(run(alone_sched, {rid: ids}, greedy(32)))
-    sched = make_scheduler(max_total_tokens=600, init_new_token_ratio=0.0, min_new_token_ratio=0.0,
+        ref.update(run(alone_sched, {rid: ids}, greedy(16)))
+    sched = make_scheduler(max_total_tokens=450, init_new_token_ratio=0.0, min_new_token_ratio=0.0,
                            chunked_prefill_size=128)
-    together = run(sched, subset, greedy(32))
+    together = run(sched, subset, greedy(16))
     info = sched.get_server_info()
     assert info["num_retractions"] > 0, "the pool was meant to force retraction"
     excused = compare(ref, together)
