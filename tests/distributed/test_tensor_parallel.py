@@ -23,7 +23,7 @@ def _engine(**kw):
 
 
 def test_default_model_at_tp3_matches_one_process(make_scheduler, tokenizer) -> None:
-    """20 prompts x 32 tokens, exact mode: batched at tp 3 (with --check-invariants: every step's digest
+    """20 prompts x 16 tokens, exact mode: batched at tp 3 (with --check-invariants: every step's digest
     equal on all ranks) they give what each gives alone in one process (near-tie rule); the first
     position's logprobs agree within 1e-4; a second round over the same prefixes hits the radix cache
     on every rank and still gives the same tokens."""
@@ -39,8 +39,8 @@ def test_default_model_at_tp3_matches_one_process(make_scheduler, tokenizer) -> 
     prompts = {f"p{i:02d}": tokenizer.encode(t, add_special_tokens=False) for i, t in enumerate(texts)}
     assert len(prompts) == 20
     # one process, all at once (tests/managers/test_batch_invariance.py: the same tokens as each alone)
-    alone = run(make_scheduler(disable_radix_cache=True), prompts, greedy(32))
-    params = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
+    alone = run(make_scheduler(disable_radix_cache=True), prompts, greedy(16))
+    params = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
     with _engine(tp_size=3, max_total_tokens=4096, context_length=512) as eng:
         first = eng.generate(input_ids=list(prompts.values()), sampling_params=params, return_logprob=True,
                              top_logprobs_num=2)
