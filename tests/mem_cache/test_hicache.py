@@ -258,3 +258,19 @@ def test_pages_of_48_and_chunked_prefill_restore_whole_blocks(hicache, tmp_path)
     got = run(again, PROMPTS, greedy(6))
     assert cached(got) == {"a": 288, "b": 96}
     assert compare(ref, got) == 0
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"enable_hierarchical_cache": True}, "hicache_storage_dir"),
+    ({"hicache_storage_dir": "/tmp/x"}, "hicache_storage_dir"),
+    ({"enable_hierarchical_cache": True, "hicache_storage_dir": "/tmp/x", "disable_radix_cache": True},
+     "enable_hierarchical_cache"),
+    ({"hicache_size": -1}, "hicache_size"), ({"hicache_size": 0}, "hicache_size"),
+    ({"hicache_size": 1e12}, "hicache_size"), ({"hicache_size": float("nan")}, "hicache_size"),
+    ({"hicache_size": True}, "hicache_size"), ({"hicache_size": "16"}, "hicache_size"),
+])
+def test_absurd_disk_tier_knobs_are_refused_naming_them(kw, field):
+    from radixserve.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match=f"ServerArgs.{field}"):
+        ServerArgs(**kw)
