@@ -31,7 +31,7 @@ import numpy as np
 from radixserve.bench import peer
 from radixserve.bench.common import machine_info, print_table, write_json
 from radixserve.bench.roofline import measure_bandwidth
-from radixserve.model_loader import default_model_path
+from radixserve.bench.scale_files import default_tokenizer_fields
 from radixserve.model_loader.moe_config import MAX_EXPERTS, MAX_TOP_K
 
 DIRECT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # presets gguf.quants writes without llama.cpp
@@ -87,21 +87,10 @@ def check_args(a: argparse.Namespace) -> None:
                          f"--kv-heads ({a.kv_heads}) must divide --heads")
 
 
-def _tokenizer_fields() -> list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
-    """The default model's tokenizer metadata (SmolLM2: 49,152 tokens), to copy into the random files."""
-    reader = gguf.GGUFReader(default_model_path())
-    out = []
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
-            sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            out.append((key, field.contents(), field.types[0], sub))
-    return out
-
-
 def write_model(path: str, a: argparse.Namespace, dense: bool, qtype: str | None, seed: int = 0) -> None:
     """A random model of the benchmark's shape: F16 (qtype None, for llama-quantize) or `qtype` blocks."""
     rng = np.random.default_rng(seed)
-    tok = _tokenizer_fields()
+    tok = default_tokenizer_fields()
     vocab = len(next(v for k, v, _, _ in tok if k == "tokenizer.ggml.tokens"))
     hd, inter = a.hidden // a.heads, a.top_k * a.expert_size if dense else a.expert_size
     w = gguf.GGUFWriter(path, "llama")
