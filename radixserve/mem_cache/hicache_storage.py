@@ -36,7 +36,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -128,7 +128,6 @@ class StorageStats:
     read_failures: int = 0  # corrupt / truncated / foreign files met on a read (each a miss)
     evicted_blocks: int = 0  # files deleted to stay under the capacity
     dropped_writes: int = 0  # writes skipped: the queue was full, or the disk refused (ENOSPC, EFBIG, ...)
-    extra: dict = field(default_factory=dict)
 
 
 class HiCacheFile:

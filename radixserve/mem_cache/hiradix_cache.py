@@ -97,7 +97,7 @@ class HiRadixCache(RadixCache):
         if first >= n_blocks or not self._restore:  # nothing a block could add (alike on every rank: equal trees)
             return res
         ns = self._namespace(key)
-        found = 0
+        found, keys = 0, []
         if ns is not None and len(self.storage):
             keys = chain_keys(self.storage.identity, ns, key, b, n_blocks)
             while first + found < n_blocks and self.storage.contains(keys[first + found]):
