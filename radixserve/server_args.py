@@ -146,6 +146,13 @@ class ServerArgs:
                                            "for weights + float copies + activations + KV pool")
     cpu_kv_cache_gb: float = _knob(2.0, "CPU: cap on the KV pool size in GiB")
     page_size: int = _knob(1, "KV slots per page; prefixes are shared in whole pages")
+    swa_full_tokens_ratio: float = _knob(
+        0.8, "a model with sliding-window layers (Gemma 2/3, Mistral): their own KV pool, this many slots per slot "
+        "of the full layers' pool; tokens that left every window are freed from it (mem_cache/swa_memory_pool.py). "
+        "(0, 1]"
+    )
+    disable_hybrid_swa_memory: bool = _knob(
+        False, "one KV pool for every layer, sliding-window layers included (every token kept)")
     # --- scheduling ---
     max_running_requests: int = _knob(64, "most requests decoding at once")
     max_prefill_tokens: int = _knob(8192, "most prompt tokens admitted into one prefill step")

@@ -45,6 +45,9 @@ def check_hicache_args(args: ServerArgs, bad) -> None:
     size = args.hicache_size
     if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= 100_000:
         bad("hicache_size", f"must be in (0, 100000] GiB, got {size!r}")
+    ratio = args.swa_full_tokens_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        bad("swa_full_tokens_ratio", f"must be in (0, 1], got {ratio!r}")
 
 
 def check_server_args(args: ServerArgs) -> None:

@@ -52,6 +52,8 @@ SERVER_EVIDENCE: dict[str, str] = {
     "enable_hierarchical_cache": "tests/mem_cache/test_hicache.py",
     "hicache_storage_dir": "tests/mem_cache/test_hicache.py",
     "hicache_size": "tests/mem_cache/test_hicache.py",
+    "swa_full_tokens_ratio": "tests/models/test_swa_engine.py",
+    "disable_hybrid_swa_memory": "tests/models/test_swa_engine.py",
     "max_rerank_documents": "tests/entrypoints/test_http_rerank.py",
     "rpc_timeout": "tests/entrypoints/test_http_faults.py",
     "mem_fraction_static": "tests/model_executor/test_memory_budget.py",

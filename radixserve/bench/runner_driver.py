@@ -110,10 +110,11 @@ class RunnerDriver:
         for _ in range(num_rows):
             row = self.new_row()
             locs = self._alloc([row], [0], [length])
-            for layer in range(pool.num_layers):
+            for layer in range(pool.start_layer, pool.start_layer + pool.num_layers):
                 k_buf, v_buf = pool.get_kv_buffer(layer)
-                k_buf[locs] = k_buf[src]
-                v_buf[locs] = v_buf[src]
+                dst, from_ = pool.layer_slots(layer, locs), pool.layer_slots(layer, src)
+                k_buf[dst] = k_buf[from_]
+                v_buf[dst] = v_buf[from_]
             out.append(row)
         return out
 

@@ -87,6 +87,24 @@ class InvariantChecker:
             out[f"req:{req.rid}"] = {p * ps + i for p in pages for i in range(ps)}
         return out
 
+    def check_swa(self, live: list[Req]) -> None:
+        """The local pool's slots are each free or mapped once, the tree's live nodes hold them and its tombstones
+        none, and each live request still holds them for the positions its next query may see."""
+        try:
+            self.allocator.check_swa()
+            if hasattr(self.tree_cache, "check_swa"):
+                self.tree_cache.check_swa()
+        except RuntimeError as e:
+            raise InvariantError(str(e)) from e
+        rtt = self.req_to_token_pool.req_to_token
+        for req in live:
+            if req.req_pool_idx is None:
+                continue
+            lo = max(req.swa_freed_len, self.tree_cache.tree_owned_len(req))
+            slots = rtt[req.req_pool_idx, lo:req.kv_len]
+            if not bool(self.allocator.has_swa(slots).all()):
+                raise InvariantError(f"request {req.rid} lacks sliding-window KV in positions [{lo}, {req.kv_len})")
+
     def check_memory(self, live: list[Req], spec_worker: SpecWorker | None = None) -> None:
         """live: the running requests and the chunked one, every request that may hold KV outside the tree."""
         owners = self.owners(live)
@@ -95,7 +113,8 @@ class InvariantChecker:
         for name, slots in owners.items():
             dup = seen & slots
             if dup:
-                raise InvariantError(f"slot(s) {sorted(dup)[:5]} have two owners (one is {name})")
+                first = next(other for other, held in owners.items() if held & dup)
+                raise InvariantError(f"slot(s) {sorted(dup)[:5]} have two owners ({first} and {name})")
             seen |= slots
             total += len(slots)
         if total != self.allocator.total_size:
@@ -103,6 +122,8 @@ class InvariantChecker:
                 f"KV accounting: free {len(owners['free'])} + tree {len(owners['tree'])} + requests "
                 f"{total - len(owners['free']) - len(owners['tree'])} = {total} != total {self.allocator.total_size}"
             )
+        if hasattr(self.allocator, "check_swa"):  # a hybrid sliding-window pool (mem_cache/swa_memory_pool.py)
+            self.check_swa(live)
         pool = self.req_to_token_pool
         live_rows = {r.req_pool_idx for r in live if r.req_pool_idx is not None}
         free_rows = set(pool.free_slots)

@@ -55,6 +55,7 @@ class Req:
     last_node: Any = None
     req_pool_idx: int | None = None
     kv_len: int = 0  # tokens whose KV this request has written (tree-shared part included)
+    swa_freed_len: int = 0  # a hybrid sliding-window pool: positions below it gave up their local KV
     # tokens of this request that came from the radix cache at its (first) admission
     cached_tokens: int = 0
     is_chunked: bool = False  # mid chunked prefill
@@ -154,5 +155,6 @@ class Req:
         self.last_node = None
         self.req_pool_idx = None
         self.kv_len = 0
+        self.swa_freed_len = 0
         self.is_chunked = False
         self.num_retractions += 1

@@ -62,6 +62,7 @@ class ScheduleBatch:
     def _alloc(self, reqs: list[Req], prefix_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
         """Slots for positions [prefix_len, seq_len) of each request, written into its row; the tree
         is evicted first if the pool is short."""
+        self.tree_cache.release_outside_window(reqs, prefix_lens)
         out = self.slots.alloc([r.req_pool_idx for r in reqs], prefix_lens, seq_lens, self.tree_cache.evict)
         if out is None:
             raise OutOfKVSlots(f"no KV slots for {sum(seq_lens) - sum(prefix_lens)} tokens")
@@ -94,6 +95,11 @@ class ScheduleBatch:
         if all(p == 0 for p in self.prefix_lens):
             self.forward_mode = ForwardMode.PREFILL
         self.num_extend_reqs = len(self.reqs)
+
+    def release_outside_window(self) -> None:
+        """Before the next decode or verify step (queries from position seqlen - 1 on): a hybrid pool's local KV
+        of the running requests' positions that have left their window goes back (BasePrefixCache)."""
+        self.tree_cache.release_outside_window(self.reqs, [r.seqlen - 1 for r in self.reqs])
 
     def decode_slots_needed(self) -> int:
         """Slots (in whole pages) the next decode step takes from the allocator."""

@@ -7,6 +7,10 @@ Budgets checked for every admitted request (DESIGN section 5):
     rem_input_tokens   --max-prefill-tokens per step
     rem_chunk_tokens   --chunked-prefill-size: a longer prompt is cut, the rest runs next step
     running slots      --max-running-requests
+    rem_swa_tokens     a hybrid sliding-window pool's free + tombstonable local slots - each running
+                       request's next window of tokens. A prompt longer than what is left is cut into
+                       chunks that fit (whatever --chunked-prefill-size says): between chunks the tree
+                       tombstones what has left the window, so any prompt the full pool holds can run.
 """
 
 from __future__ import annotations
@@ -82,6 +86,12 @@ class PrefillAdder:
         self.tree_cache = tree_cache
         reserved = sum(self._future_tokens(r, new_token_ratio) for r in running)
         self.rem_total_tokens = available_tokens + tree_cache.evictable_size() - reserved
+        allocator = tree_cache.token_to_kv_pool_allocator
+        self.swa_window: int | None = getattr(allocator, "swa_window", None)
+        self.rem_swa_tokens: int | None = None
+        if self.swa_window is not None:
+            self.rem_swa_tokens = allocator.swa_available_size() + tree_cache.swa_evictable_size() - sum(
+                min(self._future_tokens(r, new_token_ratio), self.swa_window) for r in running)
         self.rem_input_tokens = max_prefill_tokens
         self.rem_chunk_tokens = chunk_size
         self.rem_running = max_running_requests - len(running)
@@ -109,15 +119,26 @@ class PrefillAdder:
         full = req.origin_input_ids + req.output_ids
         done = len(req.prefix_indices)
         left = len(full) - done
-        step = left if self.rem_chunk_tokens is None else min(left, self.rem_chunk_tokens)
+        limit = self._chunk_limit()
+        step = left if limit is None else min(left, max(limit, self.page_size))
         req.fill_ids = full[: done + step]
         self._account(req, step, reserve=False)
         self.can_run.append(req)
         self.rem_running -= 1
         return req if len(req.fill_ids) < len(full) else None
 
+    def _chunk_limit(self) -> int | None:
+        """The most tokens a prefill may compute this step (None: no limit): the chunk budget, and what a
+        hybrid sliding-window pool has left (a page of it kept for waste)."""
+        limits = [n for n in (self.rem_chunk_tokens,) if n is not None]
+        if self.rem_swa_tokens is not None:
+            limits.append(round_down_to_page(self.rem_swa_tokens - self.page_size, self.page_size))
+        return min(limits) if limits else None
+
     def _account(self, req: Req, extend_len: int, reserve: bool) -> None:
         future = self._future_tokens(req, self.new_token_ratio) if reserve else 0
+        if self.rem_swa_tokens is not None:
+            self.rem_swa_tokens -= self._ceil_page(extend_len) + min(future, self.swa_window or 0)
         # each request may waste up to one partial page
         self.rem_total_tokens -= self._ceil_page(extend_len) + self.page_size + future
         self.rem_input_tokens -= extend_len
@@ -139,7 +160,7 @@ class PrefillAdder:
             return False
         # NOTE: lock before anything is evicted for this step, so the matched prefix survives.
         # A locked prefix is no longer evictable: the budget loses exactly what the lock pinned.
-        before = self.tree_cache.evictable_size()
+        before, swa_before = self.tree_cache.evictable_size(), self.tree_cache.swa_evictable_size()
         self.tree_cache.inc_lock_ref(req.last_node)
         pinned = before - self.tree_cache.evictable_size()
         if need_total + pinned > self.rem_total_tokens:
@@ -147,12 +168,15 @@ class PrefillAdder:
             self.stop_reason = "kv_budget"
             return False
         self.rem_total_tokens -= pinned
-        if self.rem_chunk_tokens is not None and extend_len > self.rem_chunk_tokens:
+        if self.rem_swa_tokens is not None:  # and the prefix's last window of local KV
+            self.rem_swa_tokens -= swa_before - self.tree_cache.swa_evictable_size()
+        limit = self._chunk_limit()
+        if limit is not None and extend_len > limit:
             # Chunk at a page boundary: the tree only holds whole pages.
-            chunk = round_down_to_page(self.rem_chunk_tokens, self.page_size)
+            chunk = round_down_to_page(limit, self.page_size)
             if chunk <= 0:
                 self.tree_cache.dec_lock_ref(req.last_node)
-                self.stop_reason = "chunked_prefill_size"
+                self.stop_reason = "chunked_prefill_size" if limit == self.rem_chunk_tokens else "swa_budget"
                 return False
             req.fill_ids = req.fill_ids[: len(req.prefix_indices) + chunk]
             req.is_chunked = True

@@ -208,9 +208,7 @@ class Scheduler:
                 batch.mix_with_running(self.running_batch)
                 self.running_batch = self._new_batch([])
             return batch
-        if not self.running_batch.reqs:
-            return None
-        if not self._ensure_decode_slots():
+        if not self.running_batch.reqs or not self._ensure_decode_slots():
             return None
         if self.spec_worker is None or not self.spec_worker.prepare_verify(self.running_batch, self.allocator, self.tree_cache):
             self.running_batch.prepare_for_decode()
@@ -219,6 +217,7 @@ class Scheduler:
     def _ensure_decode_slots(self) -> bool:
         """Make room for one token per running request: evict, then retract if still short."""
         batch = self.running_batch
+        batch.release_outside_window()  # a hybrid pool's local KV no next query sees: room before the count
         need = batch.decode_slots_needed()
         if self.allocator.available_size() < need:
             self.tree_cache.evict(need - self.allocator.available_size())
@@ -241,7 +240,7 @@ class Scheduler:
             return None
         self.policy.calc_priority(self.waiting_queue)
         args = self.server_args
-        adder = PrefillAdder(self.tree_cache, self.allocator.available_size(), running, self.new_token_ratio,
+        adder = PrefillAdder(self.tree_cache, self.allocator.full_available_size(), running, self.new_token_ratio,
                              args.max_prefill_tokens, self.chunk_size, args.max_running_requests,
                              self.allocator.page_size)
         held_back = False
@@ -381,7 +380,7 @@ class Scheduler:
         """The queues and the KV pool now, as plain values (what step records and get_server_info read)."""
         chunked, pool = self.chunked_req, self.allocator
         return QueueState(len(self.waiting_queue), len(self.running_batch.reqs), chunked.rid if chunked else None,
-                          self.wait_reason, pool.total_size, pool.available_size(), self.tree_cache.total_size(),
+                          self.wait_reason, pool.total_size, pool.full_available_size(), self.tree_cache.total_size(),
                           self.new_token_ratio)
 
     def get_server_info(self) -> dict:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def server_info(queue: QueueState, stats: Mapping[str, int], *, grammar: Mapping[str, Any],
                 spec: Mapping[str, float], expert_load: ExpertLoad | None, failed_forward_streak: int,
                 deterministic_inference: bool, generation_tokens: int, context_len: int, step_time_s: float,
-                forward_timers: Mapping[str, float], cache_tiers: Mapping[str, int] | None = None) -> dict[str, Any]:
+                forward_timers: Mapping[str, float], cache_tiers: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One replica's snapshot, from what Scheduler.get_server_info() hands over: the queues and pool
     (`queue`), the scheduler's counters (`stats`), each component's own report (`grammar`: GrammarQueue.info(),
     `spec`: SpecWorker.info(), the MoE accumulator) and the ModelRunner's cumulative `forward_timers`."""
@@ -40,8 +40,9 @@ def server_info(queue: QueueState, stats: Mapping[str, int], *, grammar: Mapping
         **({} if expert_load is None else expert_load.info()),
         "prompt_tokens": stats["prompt_tokens"],
         "context_len": context_len,
-        # --enable-hierarchical-cache: each tier's tokens / bytes, hits from disk, evictions (HiRadixCache.info)
-        **({"hicache": dict(cache_tiers)} if cache_tiers else {}),
+        # "hicache" (--enable-hierarchical-cache): each tier's tokens / bytes, hits from disk, evictions; "swa" (a
+        # hybrid sliding-window pool): each pool's tokens, free and tombstoned local KV (the tree cache's info())
+        **dict(cache_tiers or {}),
         # Where the scheduler's time went (cumulative seconds since start): `step_time_s` is
         # every step; the model forward alone is `forward_s`, so step_time_s - forward_s is the
         # scheduling, batch building, sampling and output processing around it.
@@ -60,7 +61,7 @@ _MIN = ("oldest_step",)
 DP_KEYS = ("num_running_reqs", "num_waiting_reqs", "cache_hit_rate", "cached_tokens", "prompt_tokens",
            "generation_tokens", "max_total_num_tokens", "num_used_tokens", "num_cached_tokens", "num_failed_reqs",
            "num_timed_out_reqs", "num_retractions", "failed_forward_streak", "spec_accept_length",
-           "moe_expert_tokens", "hicache")
+           "moe_expert_tokens", "hicache", "swa")
 
 
 def _sum(values: list[Any]) -> Any:

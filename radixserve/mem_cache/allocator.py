@@ -60,6 +60,15 @@ class TokenToKVPoolAllocator:
     def available_size(self) -> int:
         return len(self.free_pages) * self.page_size
 
+    def slots_needed(self, prefix_lens: list[int], seq_lens: list[int]) -> int:
+        """Slots (in whole pages) that alloc_extend takes for these lengths."""
+        ps = self.page_size
+        return ps * sum(pages_between(p, s, ps) for p, s in zip(prefix_lens, seq_lens))
+
+    def full_available_size(self) -> int:
+        """Free KV slots (a hybrid pool's available_size() is also bounded by its sliding-window slots)."""
+        return self.available_size()
+
     def free_slot_set(self) -> set[int]:
         ps = self.page_size
         return {p * ps + i for p in self._free_set for i in range(ps)}

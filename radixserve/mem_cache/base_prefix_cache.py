@@ -43,6 +43,7 @@ class CacheReq(Protocol):
     req_pool_idx: int
     prefix_indices: torch.Tensor
     last_node: Any
+    swa_freed_len: int  # positions below it freed their sliding-window KV (release_outside_window)
 
 
 class MatchResult(NamedTuple):
@@ -114,6 +115,24 @@ class BasePrefixCache(ABC):
             req.req_pool_idx, self.tree_owned_len(req), alloc_len)
         self.dec_lock_ref(req.last_node)
 
+    def release_outside_window(self, reqs: list, first_new: list[int]) -> None:
+        """A hybrid sliding-window pool (swa_memory_pool.py): before a step computes positions >= first_new[i]
+        of reqs[i], free the local KV of the request-owned positions no query of it will see again (a query at
+        p sees p - window < j <= p). The tree's nodes are the tree's to tombstone (swa_radix_cache.py)."""
+        window = getattr(self.token_to_kv_pool_allocator, "swa_window", None)
+        if window is None:
+            return
+        rtt = self.req_to_token_pool.req_to_token
+        for req, p in zip(reqs, first_new):
+            lo, hi = max(req.swa_freed_len, self.tree_owned_len(req)), p - window
+            if hi > lo:
+                self.token_to_kv_pool_allocator.free_swa(rtt[req.req_pool_idx, lo:hi])
+                req.swa_freed_len = hi
+
+    def swa_evictable_size(self) -> int:
+        """Sliding-window slots the cache could free (a hybrid pool's; none here)."""
+        return 0
+
     def tree_owned_len(self, req: CacheReq) -> int:
         """How many leading slots of the request's row the cache owns (whole pages of its prefix)."""
         return round_down_to_page(len(req.prefix_indices), self.page_size)
@@ -166,7 +185,8 @@ class BasePrefixCache(ABC):
         """An admitted request reuses the cached prefix ending at `node` (the disk tier counts hits)."""
 
     def info(self) -> dict[str, Any]:
-        """Figures of this cache's tiers for get_server_info() (the disk tier's; none here)."""
+        """Sections of get_server_info() about this cache's tiers ("hicache": the disk tier's, "swa": the
+        sliding-window pool's); none here."""
         return {}
 
     def reset_storage(self) -> None:

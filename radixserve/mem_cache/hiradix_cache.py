@@ -36,6 +36,7 @@ from radixserve.mem_cache.hicache_storage import (
     identity_of,
 )
 from radixserve.mem_cache.radix_cache import RadixCache, TreeNode
+from radixserve.mem_cache.swa_radix_cache import SWARadixCache
 
 if TYPE_CHECKING:
     from radixserve.distributed.parallel_state import ParallelState
@@ -237,10 +238,10 @@ class HiRadixCache(RadixCache):
 
     def info(self) -> dict[str, Any]:
         memory_tokens = self.total_size()
-        return {"memory_tokens": memory_tokens,
-                "memory_bytes": memory_tokens * self.storage.shape.payload_bytes // self.block,
-                "memory_evicted_tokens": self.memory_evicted_tokens,
-                "block_tokens": self.block, **self.storage.info()}
+        return {"hicache": {"memory_tokens": memory_tokens,
+                            "memory_bytes": memory_tokens * self.storage.shape.payload_bytes // self.block,
+                            "memory_evicted_tokens": self.memory_evicted_tokens,
+                            "block_tokens": self.block, **self.storage.info()}}
 
 
 def hicache_identity(runner: Any) -> dict[str, Any]:
@@ -254,12 +255,14 @@ def hicache_identity(runner: Any) -> dict[str, Any]:
 
 
 def make_tree_cache(runner: Any) -> BasePrefixCache:
-    """The scheduler's prefix cache over this runner's pools: ChunkCache (--disable-radix-cache), RadixCache, or
-    HiRadixCache (--enable-hierarchical-cache; a ValueError naming --hicache-storage-dir when the directory
+    """The scheduler's prefix cache over this runner's pools: ChunkCache (--disable-radix-cache), RadixCache,
+    SWARadixCache (a hybrid sliding-window pool), or HiRadixCache (--enable-hierarchical-cache; a ValueError naming --hicache-storage-dir when the directory
     cannot hold it)."""
     args = runner.server_args
     if args.disable_radix_cache:
         return ChunkCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, args.page_size)
+    if runner.token_to_kv_pool.hybrid:  # a sliding-window pool (the disk tier turned it off: plan_swa)
+        return SWARadixCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, args.page_size)
     if not args.enable_hierarchical_cache:
         return RadixCache(runner.req_to_token_pool, runner.token_to_kv_pool_allocator, args.page_size)
     return make_hiradix_cache(runner, args.page_size)

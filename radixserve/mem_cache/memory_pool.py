@@ -56,6 +56,8 @@ class KVPool:
     A pipeline stage holds only its layers [start_layer, start_layer + num_layers); layers keep their
     model-wide layer_id and the pool subtracts start_layer."""
 
+    hybrid = False  # SWAKVPool: the sliding-window layers keep their own, smaller buffers
+
     def __init__(
         self,
         num_slots: int,
@@ -65,6 +67,7 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         start_layer: int = 0,
+        layer_slots: list[int] | None = None,
     ) -> None:
         self.num_slots = num_slots
         self.num_layers = num_layers
@@ -73,9 +76,9 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        rows = layer_slots or [num_slots] * num_layers  # per layer (SWAKVPool: the local layers' are fewer)
+        self.k_buffer = [torch.zeros((n, num_kv_heads, head_dim), dtype=dtype, device=self.device) for n in rows]
+        self.v_buffer = [torch.zeros((n, num_kv_heads, head_dim), dtype=dtype, device=self.device) for n in rows]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -85,8 +88,17 @@ class KVPool:
         i = layer_id - self.start_layer
         return self.k_buffer[i], self.v_buffer[i]
 
+    def is_swa_layer(self, layer_id: int) -> bool:
+        """Whether the layer's buffers are indexed by sliding-window slots (SWAKVPool) rather than KV slots."""
+        return False
+
+    def layer_slots(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """The rows of the layer's buffers that hold these KV slots (the slots themselves here)."""
+        return slots
+
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write this step's K/V ([n, kv_heads, head_dim]) at the slots the scheduler chose."""
         k_buf, v_buf = self.get_kv_buffer(layer_id)
-        k_buf.index_copy_(0, loc, k.to(self.dtype))
-        v_buf.index_copy_(0, loc, v.to(self.dtype))
+        rows = self.layer_slots(layer_id, loc)
+        k_buf.index_copy_(0, rows, k.to(self.dtype))
+        v_buf.index_copy_(0, rows, v.to(self.dtype))

@@ -35,7 +35,8 @@ _node_ids = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("backed", "children", "hit_count", "id", "key", "last_access", "lock_ref", "parent", "value")
+    __slots__ = ("backed", "children", "hit_count", "id", "key", "last_access", "lock_ref", "parent", "swa_lock_ref",
+                 "swa_tombstone", "swa_uuid", "value")
 
     def __init__(self, parent: TreeNode | None, key: list[int], value: torch.Tensor, now: int) -> None:
         self.children: dict[Any, TreeNode] = {}
@@ -48,6 +49,11 @@ class TreeNode:
         # the disk tier (hiradix_cache.py): admissions that reused this node, and whether its blocks are on disk
         self.hit_count = 0
         self.backed = False
+        # the sliding-window pool (swa_radix_cache.py): KV of the local layers freed, requests whose window
+        # covers this node, and the mark that ends an unlock's walk
+        self.swa_tombstone = False
+        self.swa_lock_ref = 0
+        self.swa_uuid: int | None = None
 
     def __lt__(self, other: TreeNode) -> bool:
         return (self.last_access, self.id) < (other.last_access, other.id)
@@ -106,6 +112,9 @@ class RadixCache(BasePrefixCache):
         new = TreeNode(parent, child.key[:at], child.value[:at], child.last_access)
         new.lock_ref = child.lock_ref
         new.hit_count, new.backed = child.hit_count, child.backed  # both halves were hit and stored alike
+        new.swa_tombstone, new.swa_lock_ref = child.swa_tombstone, child.swa_lock_ref
+        # a sliding-window unlock walks up to the node carrying its mark: the top half, now
+        new.swa_uuid, child.swa_uuid = child.swa_uuid, None
         child.key, child.value = child.key[at:], child.value[at:]
         child.parent = new
         new.children[self._child_key(child.key)] = child
@@ -187,7 +196,7 @@ class RadixCache(BasePrefixCache):
         new_prefix_len = self.insert(key, slots[:aligned])
         if new_prefix_len > owned_by_tree:
             self.token_to_kv_pool_allocator.free(slots[owned_by_tree:new_prefix_len])
-        tree_slots, new_node = self.match_prefix(key)
+        tree_slots, new_node = RadixCache.match_prefix(self, key)  # the memory tier, whole: what insert just made
         assert tree_slots.numel() == aligned, "insert() never evicts, so the re-match is complete"
         # The row must point at tree-owned slots: the duplicates it held were just freed.
         self.req_to_token_pool.write(row, owned_by_tree, tree_slots[owned_by_tree:aligned])
@@ -233,17 +242,22 @@ class RadixCache(BasePrefixCache):
         freed = 0
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)
-            self._evicting(leaf)
-            self.token_to_kv_pool_allocator.free(leaf.value)
-            freed += len(leaf.value)
-            self._evictable -= len(leaf.value)
+            freed += self._remove_leaf(leaf)
             parent = leaf.parent
-            assert parent is not None
-            del parent.children[self._child_key(leaf.key)]
             # An unlocked parent that just lost its last child is now an LRU candidate too.
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)
         return freed
+
+    def _remove_leaf(self, leaf: TreeNode) -> int:
+        """Free an unlocked leaf's slots and cut it from the tree; returns the slots freed."""
+        self._evicting(leaf)
+        self.token_to_kv_pool_allocator.free(leaf.value)
+        self._evictable -= len(leaf.value)
+        parent = leaf.parent
+        assert parent is not None
+        del parent.children[self._child_key(leaf.key)]
+        return len(leaf.value)
 
     def _evicting(self, leaf: TreeNode) -> None:
         """Called with a leaf whose slots are about to be freed (its parent path still in memory): the

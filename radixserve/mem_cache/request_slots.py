@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from radixserve.mem_cache.allocator import TokenToKVPoolAllocator, pages_between, round_up_to_page
+from radixserve.mem_cache.allocator import TokenToKVPoolAllocator, round_up_to_page
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 
 
@@ -50,9 +50,8 @@ class RequestSlots:
 
     # ------------------------------------------------------------------ slots
     def slots_needed(self, prefix_lens: list[int], seq_lens: list[int]) -> int:
-        """Slots (in whole pages) that alloc() takes from the allocator for these lengths."""
-        ps = self.page_size
-        return ps * sum(pages_between(p, s, ps) for p, s in zip(prefix_lens, seq_lens))
+        """What alloc() takes from the allocator for these lengths, in available_size() units."""
+        return self.allocator.slots_needed(prefix_lens, seq_lens)
 
     def alloc(self, rows: list[int], prefix_lens: list[int], seq_lens: list[int],
               make_room: Callable[[int], object] | None = None) -> torch.Tensor | None:

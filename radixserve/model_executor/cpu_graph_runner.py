@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _EMPTY = torch.empty(0)
+_EMPTY_LONG = torch.empty(0, dtype=torch.int64)
 
 
 def _arithmetic_tensors(layer: Any, arithmetic: LayerArithmetic) -> list[torch.Tensor]:
@@ -115,6 +116,10 @@ class CpuGraphRunner:
         if runner.server_args.ranks_per_replica != 1:
             return f"tp_size * pp_size = {runner.server_args.ranks_per_replica} (the native stack is single-rank)"
         model, inner = runner.model, runner.model.model
+        pool = runner.token_to_kv_pool
+        if pool.hybrid and {i for i in inner.stage_layers if model.layer_arithmetic(i).sliding_window} != set(
+                pool.swa_layer_ids):  # the stack sends every windowed layer to the sliding-window buffers
+            return "the layers with a window are not exactly the sliding-window pool's"
         for i in inner.stage_layers:
             arithmetic = model.layer_arithmetic(i)
             if arithmetic not in DECODE_STACK_LAYERS:
@@ -183,12 +188,17 @@ class CpuGraphRunner:
         t0 = time.perf_counter()
         x = model.model.embed(fb.input_ids)
         t1 = time.perf_counter()
+        pool = fb.token_to_kv_pool
+        swa_loc = swa_kv = _EMPTY_LONG  # one pool: every layer reads the KV slots
+        if pool.hybrid:  # its sliding-window layers (mem_cache/swa_memory_pool.py)
+            swa_loc, swa_kv = pool.swa_table(fb.out_cache_loc), pool.swa_table(b.kv_indices)
         if lora is None:
-            hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len)
+            hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len,
+                                        swa_loc, swa_kv)
         else:
             self._bind_lora(lora.dense.weights)
             hidden = self.stack.forward_lora(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens,
-                                             b.query_len, lora.dense.row_group)
+                                             b.query_len, lora.dense.row_group, swa_loc, swa_kv)
             self.lora_replays += 1
         t2 = time.perf_counter()
         self.replays += 1

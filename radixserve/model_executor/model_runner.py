@@ -21,6 +21,7 @@ Sampler is built with it. Nothing is set on the model for a step: runners may sh
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -54,8 +55,9 @@ from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
 from radixserve.lora.lora_batch import LoRABatch
 from radixserve.lora.runner_setup import lora_batch_for, make_lora_manager
-from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
-from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from radixserve.mem_cache.memory_pool import KVPool
+from radixserve.mem_cache.swa_memory_pool import SWAKVPool, plan_swa
+from radixserve.model_executor.memory_pools import init_memory_pools
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch, PPProxyTensors
 from radixserve.model_executor.memory_budget import plan_runner_memory
@@ -128,6 +130,10 @@ class ModelRunner:
             server_args.dist_init_timeout, server_args.ep_size,
         )
         self.stage_layers = self.parallel_state.stage_layers(self.model_config.num_hidden_layers)
+        # a hybrid pool for sliding-window layers (mem_cache/swa_memory_pool.py), or one pool
+        self.swa_plan, why = plan_swa(server_args, {i: self.model_config.layer_window(i) for i in self.stage_layers},
+                                      self.model_config.context_len)
+        logger.info("sliding-window KV pool: %s", why if self.swa_plan else f"off ({why})")
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.quantization = self._resolve_quantization()
         # steps of at most this many rows run the low-bit copy (None = every step; layers/linear.py)
@@ -216,7 +222,12 @@ class ModelRunner:
     def _kv_bytes_per_token(self) -> int:
         # this stage's layers and this rank's KV heads only: a pipeline stage's pool fits more tokens
         kv_heads = max(1, self.model_config.num_key_value_heads // self.tp_size)
-        return KVPool.bytes_per_token(len(self.stage_layers), kv_heads, self.model_config.head_dim, self.kv_cache_dtype)
+        plan, head_dim = self.swa_plan, self.model_config.head_dim
+        if plan is not None:  # a slot of the full pool, and `ratio` slots of the sliding-window pool
+            n_swa = len(plan.layer_ids)
+            return math.ceil(SWAKVPool.bytes_per_full_token(len(self.stage_layers) - n_swa, n_swa, plan.ratio,
+                                                            kv_heads, head_dim, self.kv_cache_dtype))
+        return KVPool.bytes_per_token(len(self.stage_layers), kv_heads, head_dim, self.kv_cache_dtype)
 
     def low_bit_row_limit(self) -> int | None:
         """Most rows a step may have and still run on the low-bit kernels; None = any number, or no low-bit
@@ -298,30 +309,8 @@ class ModelRunner:
         return BatchInvariantAttnBackend(self.device, ops.paged_attention_varlen)
 
     def _init_memory_pool(self) -> None:
-        args, cfg = self.server_args, self.model_config
-        cap = None if self.device.type == "cuda" else int(args.cpu_kv_cache_gb * 2**30)
-        self.max_total_num_tokens = self.memory_budget.size_kv_pool(
-            self._kv_bytes_per_token(), cap, args.max_total_tokens, args.page_size)
-        logger.info("memory: %s", self.memory_budget.describe())
-        if self.parallel_state.world_size > 1:
-            # every rank must see the same pool (their schedulers decide identically): the smallest
-            n = torch.tensor([self.max_total_num_tokens], dtype=torch.int64)
-            self.parallel_state.all_reduce_min(n)
-            self.max_total_num_tokens = int(n.item())
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, args.page_size, self.device)
-        # Headroom past context_len for speculative draft tokens written before verification.
-        self.req_to_token_pool = ReqToTokenPool(
-            args.max_running_requests + 1, cfg.context_len + args.speculative_num_draft_tokens + 1, self.device
-        )
-        self.token_to_kv_pool = KVPool(
-            self.token_to_kv_pool_allocator.size,
-            len(self.stage_layers),
-            max(1, cfg.num_key_value_heads // self.tp_size),
-            cfg.head_dim,
-            self.kv_cache_dtype,
-            self.device,
-            start_layer=self.stage_layers.start,
-        )
+        (self.max_total_num_tokens, self.swa_max_total_num_tokens, self.swa_plan, self.req_to_token_pool,
+         self.token_to_kv_pool_allocator, self.token_to_kv_pool) = init_memory_pools(self)
 
     # ------------------------------------------------------------------ run
     def forward(

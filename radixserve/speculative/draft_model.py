@@ -97,7 +97,8 @@ class DraftModelProposer(DraftProposer):
         # there, so the pool is the target's plus each request's drafts and partial pages
         pool = target.max_total_num_tokens + args.max_running_requests * (k + 2 * ps)
         draft_args = args.replace(model_path=path, tokenizer_path=None, speculative_algorithm=None,
-                                  speculative_draft_model_path=None, max_total_tokens=pool, trace_batches=None)
+                                  speculative_draft_model_path=None, max_total_tokens=pool, trace_batches=None,
+                                  disable_hybrid_swa_memory=True)
         same = os.path.realpath(path) == os.path.realpath(target.model_path)
         # the same file as the target (self-drafting, the tests' setup): its loaded weights serve both
         self.runner = ModelRunner(draft_args, model=target.model if same else None)

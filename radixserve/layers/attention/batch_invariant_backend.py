@@ -38,6 +38,7 @@ class VarlenMetadata:
     seq_lens: torch.Tensor  # [bs] int64: KV length including this step's tokens
     q_start: torch.Tensor  # [bs] int64: first query row of each request
     q_lens: torch.Tensor  # [bs] int64: query rows of each request
+    swa_kv_indices: torch.Tensor | None = None  # kv_indices through a hybrid pool's full_to_swa, on first use
 
 
 class BatchInvariantAttnBackend(AttentionBackend):
@@ -66,7 +67,13 @@ class BatchInvariantAttnBackend(AttentionBackend):
         md: VarlenMetadata | None = fb.attn_metadata
         if md is None or q.shape[0] == 0:
             return out
-        k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        self.kernel(q, k_buf, v_buf, md.kv_indices, md.seq_lens, md.q_start, md.q_lens, layer.scaling,
+        pool = fb.token_to_kv_pool
+        k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+        table = md.kv_indices
+        if pool.is_swa_layer(layer.layer_id):  # a hybrid pool's sliding-window layer (swa_memory_pool.py)
+            if md.swa_kv_indices is None:
+                md.swa_kv_indices = pool.swa_table(md.kv_indices)
+            table = md.swa_kv_indices
+        self.kernel(q, k_buf, v_buf, table, md.seq_lens, md.q_start, md.q_lens, layer.scaling,
                     layer.window_arg, layer.cap_arg, out)
         return out

@@ -26,7 +26,7 @@ mask and softmax explicitly (_capped_attention); uncapped layers keep the SDPA f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +36,7 @@ from radixserve.layers.attention.base_attn_backend import AttentionBackend
 
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
+    from radixserve.mem_cache.swa_memory_pool import SWAKVPool
     from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -95,6 +96,20 @@ class TorchNativeMetadata:
     batched: BatchedPart | None
     ragged: list[RaggedItem]
     extend: ExtendPart | None = None  # set instead of `ragged` by backends with a one-call extend kernel
+    # a hybrid pool's sliding-window layers: the same step with its slot tables through full_to_swa, built the
+    # first time such a layer runs (mem_cache/swa_memory_pool.py)
+    swa: TorchNativeMetadata | None = field(default=None, repr=False)
+
+    def for_swa(self, pool: SWAKVPool) -> TorchNativeMetadata:
+        if self.swa is None:
+            b, e = self.batched, self.extend
+            self.swa = TorchNativeMetadata(
+                None if b is None else replace(b, kv_indices=pool.swa_table(b.kv_indices), windowed={}),
+                [replace(r, kv_indices=None if r.kv_indices is None else pool.swa_table(r.kv_indices))
+                 for r in self.ragged],  # chunks hold masks only: shared
+                None if e is None else replace(e, kv_indices=pool.swa_table(e.kv_indices)),
+            )
+        return self.swa
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -215,7 +230,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, fb: ForwardBatch
     ) -> torch.Tensor:
         md: TorchNativeMetadata = fb.attn_metadata
-        k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        pool = fb.token_to_kv_pool
+        k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+        if pool.is_swa_layer(layer.layer_id):
+            md = md.for_swa(pool)
         out = torch.empty_like(q)  # [n, num_heads, head_dim]
         if md.batched is not None:
             self._attend_batched(q, k_buf, v_buf, layer, md.batched, out)

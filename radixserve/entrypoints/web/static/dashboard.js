@@ -13,6 +13,7 @@ const WAIT_REASONS = {
   kv_budget: "not enough KV for the prompt plus the running requests' reserved decode tokens",
   max_prefill_tokens: "this step's prefill token budget is spent (--max-prefill-tokens)",
   chunked_prefill_size: "this step's chunk budget is spent (--chunked-prefill-size)",
+  swa_budget: "the sliding-window pool's free local KV is spent (--swa-full-tokens-ratio)",
   chunked_prefill: 'a long prompt is prefilled in chunks; the queue waits for its next chunk',
   in_batch_prefix: 'held back one step: a request in this batch computes the prefix it shares',
   kv_pool: 'the KV pool refused the allocation; retried after decode frees slots',

@@ -212,27 +212,33 @@ class DecodeStack : public torch::CustomClassHolder {
   // forward, plus each row's adapter delta on every projection (set_lora); row_group [M] int64: the adapter
   // (index into the set) of each row, -1 = the base model.
   at::Tensor forward_lora(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
-                          const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor& row_group) {
+                          const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor& row_group,
+                          const at::Tensor& swa_loc, const at::Tensor& swa_kv_idx) {
     TORCH_CHECK(lora_.size() == layers_.size(), "DecodeStack.forward_lora: set_lora first");
     for (const StackLayer& Ly : layers_) {
       TORCH_CHECK(!Ly.moe, "DecodeStack.forward_lora: a MoE layer takes no adapters here");
     }
     TORCH_CHECK(row_group.scalar_type() == at::kLong && row_group.is_contiguous() && row_group.numel() == x_in.size(0),
                 "DecodeStack.forward_lora: row_group must be int64 [M]");
-    return run(x_in, positions, out_loc, kv_idx, seq_lens, L, &row_group);
+    return run(x_in, positions, out_loc, kv_idx, seq_lens, L, &row_group, swa_loc, swa_kv_idx);
   }
 
   // x [M, hidden] (the embeddings; not modified), positions / out_loc [M] int64, M = nb * L rows:
   // nb requests of L query tokens each (DECODE: L = 1; TARGET_VERIFY: the last token + L - 1 drafts),
   // kv_idx [nb, max_len] int64 slot table, seq_lens [nb] int64 (this step's L tokens included).
+  // A hybrid sliding-window pool (mem_cache/swa_memory_pool.py): swa_loc / swa_kv_idx are out_loc / kv_idx
+  // through its full_to_swa, and every layer with a window writes and reads its buffers through them; empty
+  // tensors: one pool, every layer reads out_loc / kv_idx.
   at::Tensor forward(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
-                     const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L) {
-    return run(x_in, positions, out_loc, kv_idx, seq_lens, L, nullptr);
+                     const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor& swa_loc,
+                     const at::Tensor& swa_kv_idx) {
+    return run(x_in, positions, out_loc, kv_idx, seq_lens, L, nullptr, swa_loc, swa_kv_idx);
   }
 
  private:
   at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& out_loc,
-                 const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor* row_group) {
+                 const at::Tensor& kv_idx, const at::Tensor& seq_lens, int64_t L, const at::Tensor* row_group,
+                 const at::Tensor& swa_loc, const at::Tensor& swa_kv_idx) {
     TORCH_CHECK(!layers_.empty(), "DecodeStack: no layers");
     TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == H_,
                 "DecodeStack: x must be float32 [M, hidden]");
@@ -241,10 +247,21 @@ class DecodeStack : public torch::CustomClassHolder {
                 "DecodeStack: out_loc must be int64 [M]");
     TORCH_CHECK(L >= 1 && M % L == 0 && kv_idx.dim() == 2 && kv_idx.size(0) == M / L,
                 "DecodeStack: kv_idx must be [M / L, max_len] for M = ", M, " rows of L = ", L);
-    const int64_t slots = layers_[0].k_buf.size(0);
+    const bool hybrid = swa_loc.numel() > 0;
+    TORCH_CHECK(!hybrid || (swa_loc.scalar_type() == at::kLong && swa_loc.is_contiguous() && swa_loc.numel() == M &&
+                            swa_kv_idx.scalar_type() == at::kLong && swa_kv_idx.is_contiguous() &&
+                            swa_kv_idx.sizes() == kv_idx.sizes()),
+                "DecodeStack: swa_loc must be int64 [M] and swa_kv_idx shaped like kv_idx");
     const int64_t* loc = out_loc.data_ptr<int64_t>();
-    for (int64_t i = 0; i < M; ++i) {
-      TORCH_CHECK(loc[i] >= 0 && loc[i] < slots, "DecodeStack: out_loc ", loc[i], " outside the pool of ", slots);
+    const int64_t* swa_locp = hybrid ? swa_loc.data_ptr<int64_t>() : nullptr;
+    for (const StackLayer& Ly : layers_) {  // each layer's writes land inside its own buffers
+      const bool local = hybrid && Ly.window > 0;
+      const int64_t* lp = local ? swa_locp : loc;
+      const int64_t slots = Ly.k_buf.size(0);
+      for (int64_t i = 0; i < M; ++i) {
+        TORCH_CHECK(lp[i] >= 0 && lp[i] < slots, "DecodeStack: ", local ? "swa_loc " : "out_loc ", lp[i],
+                    " outside the pool of ", slots);
+      }
     }
     const auto f32 = x_in.options();
     const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
@@ -305,15 +322,18 @@ class DecodeStack : public torch::CustomClassHolder {
       rope_(qk, positions, Ly.cos, Ly.sin);
       float* qp = q.data_ptr<float>();
       for (int64_t i = 0; i < M; ++i) std::memcpy(qp + i * q_n, qkvp + i * qkv_n, sizeof(float) * q_n);
+      const bool local = hybrid && Ly.window > 0;
+      const int64_t* lp = local ? swa_locp : loc;
       if (Ly.k_buf.scalar_type() == at::kBFloat16) {
         write_kv(reinterpret_cast<bf16_t*>(Ly.k_buf.data_ptr()), reinterpret_cast<bf16_t*>(Ly.v_buf.data_ptr()),
-                 qkvp, qkv_n, loc, M);
+                 qkvp, qkv_n, lp, M);
       } else {
-        write_kv(Ly.k_buf.data_ptr<float>(), Ly.v_buf.data_ptr<float>(), qkvp, qkv_n, loc, M);
+        write_kv(Ly.k_buf.data_ptr<float>(), Ly.v_buf.data_ptr<float>(), qkvp, qkv_n, lp, M);
       }
       pc.stop(kRopeKv, t0);
       t0 = pc.start();
-      paged_attention(q, Ly.k_buf, Ly.v_buf, kv_idx, seq_lens, L, scale_, Ly.window, Ly.softcap, attn);
+      paged_attention(q, Ly.k_buf, Ly.v_buf, local ? swa_kv_idx : kv_idx, seq_lens, L, scale_, Ly.window, Ly.softcap,
+                      attn);
       pc.stop(kAttention, t0);
       quantize(attn.data_ptr<float>(), q_n);
       gemm(kO, Ly.o, Ly.o_bytes, nullptr, xp, H_);
