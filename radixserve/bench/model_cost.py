@@ -23,6 +23,7 @@ from radixserve.bench.common import time_fn
 from radixserve.layers.kernel_mode import EXACT, KernelMode
 from radixserve.layers.linear import PackableLinear
 from radixserve.layers.moe import SparseMoeBlock
+from radixserve.mem_cache.memory_pool import KVPool
 
 
 def linear_layers(model: torch.nn.Module) -> list[PackableLinear]:
@@ -88,7 +89,7 @@ def prefill_flops(cfg: Any, model: torch.nn.Module, prompt_len: int, num_reqs: i
 
 
 def kv_bytes_per_token(cfg: Any, dtype: torch.dtype = torch.float32) -> int:
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * (torch.finfo(dtype).bits // 8)
+    return KVPool.bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype)
 
 
 def decode_bytes(cfg: Any, weight_bytes: int, batch_size: int, context_len: int,

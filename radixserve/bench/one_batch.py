@@ -38,6 +38,7 @@ from radixserve.bench.step_profile import profile_step
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_model_config
 from radixserve.server_args import ServerArgs
+from radixserve.server_args_checks import KV_CACHE_DTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ServerArgs.quantization to measure (none with --dtype float32 = the exact mode)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="ServerArgs.dtype (the GEMMs' dtype; auto = bf16 on AMX / AVX512-BF16 CPUs)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="ServerArgs.kv_cache_dtype")
     p.add_argument("--quant-max-rows", type=int, default=None,
                    help="ServerArgs.quant_max_rows (which steps run the low-bit copy; default auto)")

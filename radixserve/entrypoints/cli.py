@@ -17,7 +17,8 @@ BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serv
               "offline": "offline", "baseline": "baseline", "peer": "peer", "accuracy": "accuracy",
               "speculative": "speculative", "grammar": "grammar", "dashboard": "dashboard", "dp": "data_parallel",
               "collectives": "collectives", "embeddings": "embeddings", "lora": "lora_serving", "moe": "moe",
-              "scale": "scale", "hicache": "hicache", "kv-capacity": "kv_capacity"}
+              "scale": "scale", "hicache": "hicache", "kv-capacity": "kv_capacity",
+              "kv-accuracy": "kv_accuracy"}
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -270,7 +270,8 @@ def make_tree_cache(runner: Any) -> BasePrefixCache:
 
 def make_hiradix_cache(runner: Any, page_size: int) -> HiRadixCache:
     args, pool = runner.server_args, runner.token_to_kv_pool
-    shape = BlockShape(pool.num_layers, block_tokens_for(page_size), pool.num_kv_heads, pool.head_dim, pool.dtype)
+    # a row as the pool stores it (an int8 pool's: q8_0 blocks, kept as they are)
+    shape = BlockShape(pool.num_layers, block_tokens_for(page_size), pool.num_kv_heads, pool.row_width, pool.dtype)
     identity = identity_of(hicache_identity(runner))
     storage = HiCacheFile(args.hicache_storage_dir, identity, shape, int(args.hicache_size * 2**30))
     lora = runner.lora_manager

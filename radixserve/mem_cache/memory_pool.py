@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.mem_cache.kv_quant import KV_INT8, kv_bytes_per_value, q8_row_bytes, quantize_q8
+
 
 class ReqToTokenPool:
     """Rows of token-position -> KV-slot maps, one row per running request."""
@@ -77,12 +79,15 @@ class KVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         rows = layer_slots or [num_slots] * num_layers  # per layer (SWAKVPool: the local layers' are fewer)
-        self.k_buffer = [torch.zeros((n, num_kv_heads, head_dim), dtype=dtype, device=self.device) for n in rows]
-        self.v_buffer = [torch.zeros((n, num_kv_heads, head_dim), dtype=dtype, device=self.device) for n in rows]
+        # an int8 pool holds q8_0 blocks (kv_quant.py): head_dim / 32 * 34 bytes a row
+        self.row_width = q8_row_bytes(head_dim) if dtype == KV_INT8 else head_dim
+        shape = (num_kv_heads, self.row_width)
+        self.k_buffer = [torch.zeros((n, *shape), dtype=dtype, device=self.device) for n in rows]
+        self.v_buffer = [torch.zeros((n, *shape), dtype=dtype, device=self.device) for n in rows]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+        return int(2 * num_layers * num_kv_heads * head_dim * kv_bytes_per_value(dtype))
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         i = layer_id - self.start_layer
@@ -100,5 +105,7 @@ class KVPool:
         """Write this step's K/V ([n, kv_heads, head_dim]) at the slots the scheduler chose."""
         k_buf, v_buf = self.get_kv_buffer(layer_id)
         rows = self.layer_slots(layer_id, loc)
+        if self.dtype == KV_INT8:  # q8_0 blocks, the bits the C++ writer stores
+            k, v = quantize_q8(k), quantize_q8(v)
         k_buf.index_copy_(0, rows, k.to(self.dtype))
         v_buf.index_copy_(0, rows, v.to(self.dtype))

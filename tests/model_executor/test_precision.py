@@ -82,18 +82,19 @@ def test_cpu_bf16_gemms_keep_float32_activations(tmp_path) -> None:
 
 
 @pytest.mark.skipif(ops is None, reason=f"no C++ kernels: {why}")
-def test_bf16_kv_cache_on_the_default_model(model_runner, make_scheduler, tokenizer) -> None:
-    """Exact-mode weights with a bf16 KV cache: the pool holds bf16, the greedy output stays the float32
-    cache's on these prompts (the first 8 tokens; the rest agree >= 90%)."""
+@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
+def test_low_precision_kv_cache_on_the_default_model(model_runner, make_scheduler, tokenizer, kv) -> None:
+    """Exact-mode weights with a bf16 or q8_0 (int8) KV cache: the pool holds it, the greedy output stays the
+    float32 cache's on these prompts (the first 8 tokens; the rest agree >= 90%)."""
     from tests.managers.driver import greedy, run
 
     prompts = {f"p{i}": tokenizer.encode(p, add_special_tokens=False) for i, p in enumerate(
         ["The capital of France is", "A radix tree is a data structure that", "List five fruits:"])}
     want = run(make_scheduler(), prompts, greedy(16), logprobs=False)
-    sched = make_scheduler(kv_cache_dtype="bfloat16")
-    assert sched.model_runner.token_to_kv_pool.k_buffer[0].dtype == torch.bfloat16
+    sched = make_scheduler(kv_cache_dtype=kv)
+    assert sched.model_runner.token_to_kv_pool.k_buffer[0].dtype == getattr(torch, kv)
     got = run(sched, prompts, greedy(16), logprobs=False)
     agree = sum(a == b for r in prompts for a, b in zip(want[r].output_ids, got[r].output_ids)) / (16 * len(prompts))
-    print(f"bf16 KV vs float32 KV: {agree:.0%} of greedy tokens agree")
+    print(f"{kv} KV vs float32 KV: {agree:.0%} of greedy tokens agree")
     assert all(want[r].output_ids[:8] == got[r].output_ids[:8] for r in prompts)
     assert agree >= 0.9

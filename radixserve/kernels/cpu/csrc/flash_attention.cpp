@@ -37,6 +37,7 @@
 
 #include "attn_common.h"
 #include "bf16.h"
+#include "kv_q8.h"
 #include "ops.h"
 
 namespace radixserve {
@@ -55,13 +56,13 @@ struct Scratch {
   std::vector<float> kt, vt, s, o, m, l;
 };
 
-template <typename T>
-void gather_tiles(const T* kp, const T* vp, const int64_t* idx, int64_t t0, int64_t nk, int64_t row, int64_t off,
+template <typename P>
+void gather_tiles(P kp, P vp, const int64_t* idx, int64_t t0, int64_t nk, int64_t row, int64_t off,
                   int64_t D, float* kt, float* vt) {
   // kt [D][kKBlock] (transposed keys), vt [kKBlock][D]; keys past nk are zero
   for (int64_t j = 0; j < nk; ++j) {
-    const T* kr = kp + idx[t0 + j] * row + off;
-    const T* vr = vp + idx[t0 + j] * row + off;
+    const P kr = kp + idx[t0 + j] * row + off;
+    const P vr = vp + idx[t0 + j] * row + off;
     for (int64_t d = 0; d < D; ++d) {
       kt[d * kKBlock + j] = to_f32(kr[d]);
       vt[j * D + d] = to_f32(vr[d]);
@@ -204,8 +205,8 @@ inline BlockKeys block_keys(int64_t pos0, int64_t i0, int64_t i1, int64_t window
   return {window_start(pos0 + i0, window), pos0 + i1};
 }
 
-template <typename T>
-void run_item(const Item& it, const float* qp, const T* kp, const T* vp, const int64_t* idx, int64_t seq_len,
+template <typename P>
+void run_item(const Item& it, const float* qp, P kp, P vp, const int64_t* idx, int64_t seq_len,
               int64_t q_len, int64_t q_row0, int64_t H, int64_t G, int64_t D, int64_t row, float scale,
               int64_t window, float softcap, float* op, Scratch& w) {
   const int64_t nq = it.i1 - it.i0, R = nq * G, pos0 = seq_len - q_len;
@@ -283,7 +284,7 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const int64_t row = Hkv * D;
   std::atomic<int64_t> next{0};
   const int64_t total = static_cast<int64_t>(items.size());
-  auto work = [&](const auto* kp, const auto* vp) {
+  auto work = [&](auto kp, auto vp) {
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
       Scratch w;
       for (int64_t j = next.fetch_add(1); j < total; j = next.fetch_add(1)) {
@@ -293,7 +294,9 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       }
     });
   };
-  if (k.scalar_type() == at::kBFloat16) {
+  if (k.scalar_type() == at::kChar) {  // q8_0 blocks (kv_q8.h)
+    work(Q8P{k.data_ptr<int8_t>(), 0}, Q8P{v.data_ptr<int8_t>(), 0});
+  } else if (k.scalar_type() == at::kBFloat16) {
     work(reinterpret_cast<const bf16_t*>(k.data_ptr()), reinterpret_cast<const bf16_t*>(v.data_ptr()));
   } else {
     work(k.data_ptr<float>(), v.data_ptr<float>());

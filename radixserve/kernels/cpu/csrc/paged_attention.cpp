@@ -35,6 +35,7 @@
 
 #include "attn_common.h"
 #include "bf16.h"
+#include "kv_q8.h"
 #include "ops.h"
 
 namespace radixserve {
@@ -52,8 +53,8 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-template <typename T>
-inline float dot(const float* __restrict a, const T* __restrict b, int64_t n) {
+template <typename P>
+inline float dot(const float* __restrict a, P b, int64_t n) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (n % 16 == 0) {  // explicit lanes: the same sums whatever the KV dtype (the compiler's own would differ)
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
@@ -72,8 +73,8 @@ inline float dot(const float* __restrict a, const T* __restrict b, int64_t n) {
 
 // s[g] = dot(q + g * D, k) for the G query heads that share one kv head: each K vector is loaded
 // once for all of them, and the G accumulators are independent FMA chains.
-template <typename T>
-inline void dot_group(const float* __restrict q, const T* __restrict k, int64_t G, int64_t D, float* s) {
+template <typename P>
+inline void dot_group(const float* __restrict q, P k, int64_t G, int64_t D, float* s) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 8 == 0) {
     int64_t g = 0;
@@ -104,8 +105,8 @@ inline void dot_group(const float* __restrict q, const T* __restrict k, int64_t 
   for (int64_t g = 0; g < G; ++g) s[g] = dot(q + g * D, k, D);
 }
 
-template <typename T>
-inline void axpy(float* __restrict y, float a, const T* __restrict x, int64_t n) {
+template <typename P>
+inline void axpy(float* __restrict y, float a, P x, int64_t n) {
 #pragma omp simd
   for (int64_t d = 0; d < n; ++d) y[d] += a * to_f32(x[d]);
 }
@@ -117,8 +118,8 @@ inline void prefetch_row(const T* p, int64_t n) {
 }
 
 // acc[0:D] = sum_t p[t] * v[idx[t] * row + off : + D] over t < n.
-template <typename T>
-inline void weighted_sum(const float* __restrict p, const T* __restrict v, const int64_t* __restrict idx,
+template <typename P>
+inline void weighted_sum(const float* __restrict p, P v, const int64_t* __restrict idx,
                          int64_t row, int64_t off, int64_t n, int64_t D, float* __restrict acc) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 64 == 0) {
@@ -126,7 +127,7 @@ inline void weighted_sum(const float* __restrict p, const T* __restrict v, const
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
       for (int64_t t = 0; t < n; ++t) {
         if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 64);
-        const T* vr = v + idx[t] * row + off + c;
+        P vr = v + idx[t] * row + off + c;
         const __m256 w = _mm256_set1_ps(p[t]);
         a0 = _mm256_fmadd_ps(w, load8(vr + 0), a0);
         a1 = _mm256_fmadd_ps(w, load8(vr + 8), a1);
@@ -160,18 +161,18 @@ inline void weighted_sum(const float* __restrict p, const T* __restrict v, const
 // scores go to s0 + g * stride. Per head this is the very sequence of float operations the one-head
 // loop did before (mul, then 7 fmadds per key over the chunk's 8-lane slices, then the same
 // horizontal sums), so a row's scores still depend only on its own query, position and keys.
-template <int NG, typename T>
-inline void group_scores(const float* q, const T* kp, const int64_t* idx, int64_t koff, int64_t visible, int64_t D,
+template <int NG, typename P>
+inline void group_scores(const float* q, P kp, const int64_t* idx, int64_t koff, int64_t visible, int64_t D,
                          int64_t row, int64_t c, float scale, float* s0, int64_t stride) {
   int64_t t = 0;
   for (; t + 4 <= visible; t += 4) {
     if (t + kAhead + 3 < visible) {
       for (int u = 0; u < 4; ++u) prefetch_row(kp + idx[t + kAhead + u] * row + koff + c, 64);
     }
-    const T* k0 = kp + idx[t] * row + koff + c;
-    const T* k1 = kp + idx[t + 1] * row + koff + c;
-    const T* k2 = kp + idx[t + 2] * row + koff + c;
-    const T* k3 = kp + idx[t + 3] * row + koff + c;
+    P k0 = kp + idx[t] * row + koff + c;
+    P k1 = kp + idx[t + 1] * row + koff + c;
+    P k2 = kp + idx[t + 2] * row + koff + c;
+    P k3 = kp + idx[t + 3] * row + koff + c;
     __m256 a[NG][4];
     {
       const __m256 x0 = load8(k0), x1 = load8(k1), x2 = load8(k2), x3 = load8(k3);
@@ -215,8 +216,8 @@ inline void group_scores(const float* q, const T* kp, const int64_t* idx, int64_
 // acc rows g < NG (acc0 + g * D) = sum_t p_g[t] * V[t] over t < n, with p_g = p0 + g * pstride: the NG
 // heads of one kv head at one position see the same V rows, so each V chunk is loaded and widened once
 // for all of them. Per head and column the sum runs over t in order from 0 as weighted_sum's does.
-template <int NG, typename T>
-inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, const T* __restrict v,
+template <int NG, typename P>
+inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, P v,
                                const int64_t* __restrict idx, int64_t row, int64_t off, int64_t n, int64_t D,
                                float* __restrict acc0) {
   for (int64_t c = 0; c < D; c += 32) {
@@ -224,7 +225,7 @@ inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, cons
     for (int g = 0; g < NG; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
       if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 32);
-      const T* vr = v + idx[t] * row + off + c;
+      P vr = v + idx[t] * row + off + c;
       const __m256 x0 = load8(vr), x1 = load8(vr + 8), x2 = load8(vr + 16), x3 = load8(vr + 24);
       for (int g = 0; g < NG; ++g) {
         const __m256 w = _mm256_set1_ps(p0[g * pstride + t]);
@@ -257,8 +258,8 @@ inline void for_head_chunks(int64_t G, F&& f) {
 
 // Weighted sums of the G rows of query position i (rows r0 .. r0 + G - 1, scores strided by pstride)
 // into acc + r0 * D: grouped when the layout has a vector path, else one row at a time.
-template <typename T>
-inline void rows_weighted_sum(const float* scores, int64_t pstride, const T* vp, const int64_t* idx, int64_t row,
+template <typename P>
+inline void rows_weighted_sum(const float* scores, int64_t pstride, P vp, const int64_t* idx, int64_t row,
                               int64_t off, int64_t visible, int64_t G, int64_t D, float* acc) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 32 == 0) {
@@ -278,8 +279,8 @@ inline void rows_weighted_sum(const float* scores, int64_t pstride, const T* vp,
 // together (group_scores: each K chunk loaded once for them), 64 columns at a time; a row's scores
 // depend only on its query, its position and the keys, never on which other rows share the call.
 // False when this layout has no vector path (the caller then uses dot_group).
-template <typename T>
-inline bool rows_scores(const float* q0, const T* kp, const int64_t* idx, int64_t h, int64_t i0, int64_t i1,
+template <typename P>
+inline bool rows_scores(const float* q0, P kp, const int64_t* idx, int64_t h, int64_t i0, int64_t i1,
                         int64_t pos0, int64_t window, int64_t H, int64_t G, int64_t D, int64_t row, int64_t stride,
                         float scale, float* scores) {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -301,8 +302,8 @@ inline bool rows_scores(const float* q0, const T* kp, const int64_t* idx, int64_
 }
 
 // The fixed-L layout of paged_attention: rows 0 .. L-1 of request b, scores strided by `stride`.
-template <typename T>
-inline bool row_scores(const float* qp, const T* kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
+template <typename P>
+inline bool row_scores(const float* qp, P kp, const int64_t* idx, int64_t b, int64_t h, int64_t L,
                        int64_t window, int64_t H, int64_t G, int64_t D, int64_t row, int64_t len, int64_t stride,
                        float scale, float* scores) {
   return rows_scores(qp + b * L * H * D, kp, idx, h, 0, L, len - L, window, H, G, D, row, stride, scale, scores);
@@ -330,13 +331,16 @@ inline int64_t rows_seeing_end(int64_t t, int64_t pos0, int64_t window, int64_t 
 }
 
 inline bool kv_dtype_ok(const at::Tensor& k, const at::Tensor& v) {
-  return k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16);
+  const auto t = k.scalar_type();
+  return t == v.scalar_type() && (t == at::kFloat || t == at::kBFloat16 || t == at::kChar);
 }
 
-// f(kp, vp) with the pool's element type: float32 or bfloat16 (bf16.h)
+// f(kp, vp) with the pool's element pointers: float32, bfloat16 (bf16.h) or q8_0 blocks (kv_q8.h)
 template <typename F>
 inline void with_kv(const at::Tensor& k, const at::Tensor& v, F&& f) {
-  if (k.scalar_type() == at::kBFloat16) {
+  if (k.scalar_type() == at::kChar) {
+    f(Q8P{k.data_ptr<int8_t>(), 0}, Q8P{v.data_ptr<int8_t>(), 0});
+  } else if (k.scalar_type() == at::kBFloat16) {
     f(reinterpret_cast<const bf16_t*>(k.data_ptr()), reinterpret_cast<const bf16_t*>(v.data_ptr()));
   } else {
     f(k.data_ptr<float>(), v.data_ptr<float>());
@@ -351,7 +355,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention: CPU tensors only");
   check_window_softcap("paged_attention", window, softcap);
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v),
-              "paged_attention: q and out float32, k and v both float32 or both bfloat16");
+              "paged_attention: q and out float32, k and v both float32, bfloat16 or int8 (q8_0)");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
               "paged_attention: kv_idx and seq_lens must be int64");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous() &&
@@ -362,7 +366,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1);
   const int64_t H = q.size(1), D = q.size(2), S = k.size(0), Hkv = k.size(1);
   TORCH_CHECK(L >= 1 && q.size(0) == nb * L && seq_lens.size(0) == nb, "paged_attention: q rows != nb * L");
-  TORCH_CHECK(k.size(2) == D && Hkv >= 1 && H % Hkv == 0, "paged_attention: head layout mismatch");
+  TORCH_CHECK(kv_row_ok(k, D) && Hkv >= 1 && H % Hkv == 0, "paged_attention: head layout mismatch");
   const int64_t G = H / Hkv;
   const float fscale = static_cast<float>(scale), fcap = static_cast<float>(softcap);
   const float* qp = q.data_ptr<float>();
@@ -391,7 +395,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const bool split = items > nb * Hkv;
   // a split item's G rows: the max and sum of its chunk's exp(scores - max), and its unnormalised V sum
   std::vector<float> part_m(split ? items * G : 0), part_l(split ? items * G : 0), part_acc(split ? items * G * D : 0);
-  with_kv(k, v, [&](const auto* kp, const auto* vp) {
+  with_kv(k, v, [&](auto kp, auto vp) {
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc, inv_sum, mx, sums, sg(G);
     // Attention of request b's kv head h over its keys idx[0 .. len): L query rows at positions len - L ..,
@@ -411,7 +415,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       if (!row_scores(qp, kp, idx, b, h, nq, win, H, G, D, row, len, stride, fscale, scores.data())) {
         for (int64_t t = window_start(pos0, win); t < len; ++t) {
           if (t + kAhead < len) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
-          const auto* kr = kp + idx[t] * row + h * D;
+          const auto kr = kp + idx[t] * row + h * D;
           for (int64_t i = (t > pos0 ? t - pos0 : 0); i < rows_seeing_end(t, pos0, win, nq); ++i) {
             dot_group(qp + ((b * nq + i) * H + h * G) * D, kr, G, D, sg.data());  // heads h*G .. h*G+G-1
             const int64_t j = t - window_start(pos0 + i, win);
@@ -494,7 +498,7 @@ void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tenso
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), op, ": CPU tensors only");
   check_window_softcap(op, window, softcap);
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v), op,
-              ": q and out float32, k and v both float32 or both bfloat16");
+              ": q and out float32, k and v both float32, bfloat16 or int8 (q8_0)");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
                   q_start.scalar_type() == at::kLong && q_lens.scalar_type() == at::kLong,
               op, ": kv_idx, seq_lens, q_start and q_lens must be int64");
@@ -508,7 +512,7 @@ void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tenso
   const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1), n = q.size(0), S = k.size(0), Hkv = k.size(1);
   TORCH_CHECK(seq_lens.numel() == nb && q_start.numel() == nb && q_lens.numel() == nb, op,
               ": seq_lens, q_start and q_lens need one entry per kv_idx row");
-  TORCH_CHECK(k.size(2) == q.size(2) && Hkv >= 1 && q.size(1) % Hkv == 0, op, ": head layout mismatch");
+  TORCH_CHECK(kv_row_ok(k, q.size(2)) && Hkv >= 1 && q.size(1) % Hkv == 0, op, ": head layout mismatch");
   const int64_t* ip = kv_idx.data_ptr<int64_t>();
   const int64_t* lp = seq_lens.data_ptr<int64_t>();
   const int64_t* sp = q_start.data_ptr<int64_t>();
@@ -546,7 +550,7 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   }
   const int64_t nblocks = static_cast<int64_t>(blocks.size());
   const int64_t row = Hkv * D;  // floats per slot: all kv heads of one token
-  with_kv(k, v, [&](const auto* kp, const auto* vp) {
+  with_kv(k, v, [&](auto kp, auto vp) {
   at::parallel_for(0, nblocks * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf, acc(G * D), sg(G), inv(G);
     for (int64_t w = begin; w < end; ++w) {
@@ -566,7 +570,7 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
         const int64_t last = pos0 + i1;  // keys first .. last - 1 are visible to some row
         for (int64_t t = window_start(pos0 + i0, window); t < last; ++t) {
           if (t + kAhead < last) prefetch_row(kp + idx[t + kAhead] * row + h * D, D);
-          const auto* kr = kp + idx[t] * row + h * D;
+          const auto kr = kp + idx[t] * row + h * D;
           for (int64_t i = std::max(i0, t - pos0); i < rows_seeing_end(t, pos0, window, i1); ++i) {
             dot_group(q0 + (i * H + h * G) * D, kr, G, D, sg.data());
             const int64_t j = t - window_start(pos0 + i, window);

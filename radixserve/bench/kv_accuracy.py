@@ -1,0 +1,75 @@
+"""bench kv-accuracy: how far an 8-bit KV cache drifts from a bf16 one, teacher-forced on the same tokens.
+
+The bf16-KV run generates `--positions` greedy tokens after each prompt; the int8-KV run (q8_0 blocks, what
+`--kv-cache-dtype int8` stores) reads the same tokens teacher-forced, one batch-1 DECODE step per token, so every
+step attends over a history it wrote in 8 bits. At every position:
+
+  top-1 agreement   the int8 run's argmax equals the bf16 run's token
+  |Δ logprob|       |logprob_int8(t) - logprob_bf16(t)| of that token (mean and max)
+
+Both runs use the same weights (`--quantization`, default auto) and kernels; only the KV dtype differs.
+
+    radixserve bench kv-accuracy [--model-path FILE] [--prompts 2] [--positions 480]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from radixserve.bench.accuracy import PROMPTS, _prompt_ids, _trace
+from radixserve.bench.common import machine_info, print_table, write_json
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixserve bench kv-accuracy", description=__doc__.split("\n")[0])
+    p.add_argument("--model-path", default=None, help="GGUF file or HF folder (default: embedded SmolLM2-135M)")
+    p.add_argument("--quantization", default="auto")
+    p.add_argument("--prompts", type=int, default=2, help=f"1..{len(PROMPTS)}")
+    p.add_argument("--positions", type=int, default=480, help="teacher-forced positions per prompt, 1..4000")
+    p.add_argument("--kv-dtype", default="int8", choices=["int8", "float32"],
+                   help="the KV dtype compared with bf16 (float32: how far bf16 itself is from it)")
+    p.add_argument("--json", default=None)
+    return p
+
+
+def _runner(model_path: str | None, quantization: str, kv: str, context: int) -> Any:
+    from radixserve.model_executor.model_runner import ModelRunner  # lazy: torch + the kernels
+    from radixserve.server_args import ServerArgs  # lazy: as above
+
+    return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, kv_cache_dtype=kv,
+                                  max_total_tokens=context + 64, max_running_requests=2, show_progress=False))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = build_parser().parse_args(argv)
+    if not 1 <= a.prompts <= len(PROMPTS):
+        raise SystemExit(f"--prompts must be in [1, {len(PROMPTS)}], got {a.prompts}")
+    if not 1 <= a.positions <= 4000:
+        raise SystemExit(f"--positions must be in [1, 4000], got {a.positions}")
+    from radixserve.model_loader import get_tokenizer  # lazy: as above
+
+    ref = _runner(a.model_path, a.quantization, "bfloat16", 4200)
+    tok = get_tokenizer(ref.model_path)
+    prompts = [_prompt_ids(tok, p) for p in PROMPTS[: a.prompts]]
+    traces = [_trace(ref, p, None, a.positions) for p in prompts]
+    del ref
+    q8 = _runner(a.model_path, a.quantization, a.kv_dtype, 4200)
+    agree, deltas = 0, []
+    for p, (tokens, ref_lp) in zip(prompts, traces):
+        _, lp = _trace(q8, p, tokens, a.positions)
+        for t, x, y in zip(tokens, ref_lp, lp):
+            agree += int(int(y.argmax()) == t)
+            deltas.append(abs(float(y[t]) - float(x[t])))
+    n = len(deltas)
+    d = torch.tensor(deltas)
+    row = {"KV": f"{'int8 (q8_0)' if a.kv_dtype == 'int8' else a.kv_dtype} vs bf16", "positions": n, "top-1 agreement": round(agree / n, 4),
+           "mean |Δ logprob|": round(float(d.mean()), 5), "max |Δ logprob|": round(float(d.max()), 4)}
+    print(f"{machine_info('cpu').get('cpu', '')}  |  {q8.model_path}  |  weights {a.quantization}")
+    print_table([row])
+    result = {"args": vars(a), "machine": machine_info("cpu"), **row, "top1_agreement": agree / n,
+              "mean_abs_dlogprob": float(d.mean())}
+    write_json(a.json, result)
+    return result
