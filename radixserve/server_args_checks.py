@@ -77,6 +77,9 @@ def check_server_args(args: ServerArgs) -> None:
 
     if args.dtype not in ("auto", "float32", "float16", "bfloat16"):
         bad("dtype", f"must be auto, float32, float16 or bfloat16, got {args.dtype!r}")
+    if args.kv_cache_dtype in ("fp8_e4m3", "fp8_e5m2", "fp8"):
+        bad("kv_cache_dtype", f"{args.kv_cache_dtype} is not implemented here; int8 stores 8.5 bits a value "
+            "(llama.cpp's q8_0 blocks) and is read in place by the CPU kernels")
     if args.kv_cache_dtype not in KV_CACHE_DTYPES:
         bad("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {args.kv_cache_dtype!r}")
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):

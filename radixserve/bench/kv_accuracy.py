@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from radixserve.bench.accuracy import PROMPTS, _prompt_ids, _trace
+from radixserve.bench.accuracy import LLAMA_N_PROBS, PROMPTS, _prompt_ids, _trace
 from radixserve.bench.common import machine_info, print_table, write_json
+from radixserve.bench.server_process import local_llama_server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--positions", type=int, default=480, help="teacher-forced positions per prompt, 1..4000")
     p.add_argument("--kv-dtype", default="int8", choices=["int8", "float32"],
                    help="the KV dtype compared with bf16 (float32: how far bf16 itself is from it)")
+    p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server: its q8_0-KV drift from its f16 "
+                   "KV on the same file and tokens, same run")
+    p.add_argument("--threads", type=int, default=2, help="llama-server's threads")
     p.add_argument("--json", default=None)
     return p
 
@@ -41,6 +45,37 @@ def _runner(model_path: str | None, quantization: str, kv: str, context: int) ->
 
     return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, kv_cache_dtype=kv,
                                   max_total_tokens=context + 64, max_running_requests=2, show_progress=False))
+
+
+def _llama_trace(binary: str, gguf: str, threads: int, prompts: list[list[int]], tokens: list[list[int]],
+                 kv: str) -> list[dict[int, float]]:
+    """llama.cpp's top logprobs at every teacher-forced position, with its KV in `kv` (f16 or q8_0; a quantised V
+    needs its flash attention): one 1-token completion per position, its prompt cache making each a 1-token step."""
+    import httpx  # lazy: only with --llama-server
+
+    out = []
+    with local_llama_server(binary, gguf, threads, parallel=1, ctx=4096, flash_attn=True,
+                            extra=("-ctk", kv, "-ctv", kv)) as base, httpx.Client(timeout=120) as client:
+        for p, toks in zip(prompts, tokens):
+            for i in range(len(toks)):
+                body = {"prompt": p + toks[:i], "n_predict": 1, "n_probs": LLAMA_N_PROBS, "temperature": 0,
+                        "cache_prompt": True}
+                r = client.post(base + "/completion", json=body)
+                r.raise_for_status()
+                top = r.json()["completion_probabilities"][0]["top_logprobs"]
+                out.append({int(x["id"]): float(x["logprob"]) for x in top})
+    return out
+
+
+def llama_row(binary: str, gguf: str, threads: int, prompts: list[list[int]], tokens: list[list[int]]) -> dict:
+    """llama.cpp's q8_0 KV against its f16 KV on our tokens: the same two figures as ours."""
+    f16 = _llama_trace(binary, gguf, threads, prompts, tokens, "f16")
+    q8 = _llama_trace(binary, gguf, threads, prompts, tokens, "q8_0")
+    flat = [t for toks in tokens for t in toks]
+    agree = sum(max(a, key=a.get) == max(b, key=b.get) for a, b in zip(f16, q8))
+    d = [abs(b[t] - a[t]) for a, b, t in zip(f16, q8, flat) if t in a and t in b]
+    return {"KV": "llama.cpp q8_0 vs its f16", "positions": len(flat), "top-1 agreement": round(agree / len(flat), 4),
+            "mean |Δ logprob|": round(sum(d) / max(1, len(d)), 5), "max |Δ logprob|": round(max(d, default=0.0), 4)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -67,9 +102,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     d = torch.tensor(deltas)
     row = {"KV": f"{'int8 (q8_0)' if a.kv_dtype == 'int8' else a.kv_dtype} vs bf16", "positions": n, "top-1 agreement": round(agree / n, 4),
            "mean |Δ logprob|": round(float(d.mean()), 5), "max |Δ logprob|": round(float(d.max()), 4)}
+    rows = [row]
+    if a.llama_server:
+        rows.append(llama_row(a.llama_server, q8.model_path, a.threads, prompts, [t for t, _ in traces]))
     print(f"{machine_info('cpu').get('cpu', '')}  |  {q8.model_path}  |  weights {a.quantization}")
-    print_table([row])
-    result = {"args": vars(a), "machine": machine_info("cpu"), **row, "top1_agreement": agree / n,
+    print_table(rows)
+    result = {"args": vars(a), "machine": machine_info("cpu"), **row, "rows": rows, "top1_agreement": agree / n,
               "mean_abs_dlogprob": float(d.mean())}
     write_json(a.json, result)
     return result

@@ -69,11 +69,12 @@ def check_binary(path: str, what: str) -> None:
 
 @contextlib.contextmanager
 def local_llama_server(binary: str, gguf: str, threads: int, parallel: int = 1, ctx: int = 32768,
-                       flash_attn: bool = True) -> Iterator[str]:
-    """llama.cpp's server on the same GGUF: `-np parallel` slots sharing a `-c ctx` context."""
+                       flash_attn: bool = True, extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """llama.cpp's server on the same GGUF: `-np parallel` slots sharing a `-c ctx` context (`extra`: more flags,
+    e.g. its KV types -ctk / -ctv)."""
     check_binary(binary, "llama-server")
     port = free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-np", str(parallel),
-           "-c", str(ctx), *(["-fa"] if flash_attn else [])]
+           "-c", str(ctx), *(["-fa"] if flash_attn else []), *extra]
     with server_process(cmd, f"http://127.0.0.1:{port}", "llama-server") as base:
         yield base

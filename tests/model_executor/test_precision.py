@@ -29,6 +29,8 @@ def test_dtype_auto_reads_the_cpu() -> None:
         ServerArgs(dtype="int3")
     with pytest.raises(ValueError, match="ServerArgs.kv_cache_dtype"):
         ServerArgs(kv_cache_dtype="float8")
+    with pytest.raises(ValueError, match="ServerArgs.kv_cache_dtype: fp8_e4m3 is not implemented.*int8"):
+        ServerArgs(kv_cache_dtype="fp8_e4m3")
     with pytest.raises(ValueError, match="ServerArgs.enable_deterministic_inference"):
         ServerArgs(dtype="bfloat16", enable_deterministic_inference=True)
     # which steps run low-bit: every one, except long steps where bf16 GEMMs run on AMX tiles

@@ -1,7 +1,6 @@
-// Paged attention on CPU (float32 compute; the KV pool in float32 or bfloat16, widened on load): the kernel for short query blocks (DECODE, TARGET_VERIFY, the
-// decodes of MIXED) and its variable-length form for every mode (used by
-// --enable-deterministic-inference, see paged_attention_varlen). Op schemas: ops.cpp; built per CPU
-// ISA by radixserve/kernels/cpu/loader.py.
+// Paged attention on CPU (float32 compute; the KV pool in float32, bfloat16 or q8_0 blocks (kv_q8.h), widened on
+// load): the kernel for short query blocks (DECODE, TARGET_VERIFY, the decodes of MIXED) and its variable-length form
+// for every mode (--enable-deterministic-inference). Op schemas: ops.cpp; built per ISA by kernels/cpu/loader.py.
 //
 // Why it exists: the torch-native path must first copy every request's K/V history out of the
 // paged pool (index_select) and then read the copy again in scaled_dot_product_attention; at
@@ -331,8 +330,8 @@ inline int64_t rows_seeing_end(int64_t t, int64_t pos0, int64_t window, int64_t 
 }
 
 inline bool kv_dtype_ok(const at::Tensor& k, const at::Tensor& v) {
-  const auto t = k.scalar_type();
-  return t == v.scalar_type() && (t == at::kFloat || t == at::kBFloat16 || t == at::kChar);
+  return k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16 ||
+                                                k.scalar_type() == at::kChar);
 }
 
 // f(kp, vp) with the pool's element pointers: float32, bfloat16 (bf16.h) or q8_0 blocks (kv_q8.h)

@@ -1,0 +1,24 @@
+"""bench kv-accuracy: a short real run on the default model, and its bounds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixserve.bench import kv_accuracy
+
+
+def test_a_short_run_reports_the_int8_drift(tmp_path) -> None:
+    out = tmp_path / "acc.json"
+    res = kv_accuracy.main(["--prompts", "1", "--positions", "24", "--json", str(out)])
+    assert res["positions"] == 24 and 0.8 <= res["top1_agreement"] <= 1.0
+    assert 0 < res["mean_abs_dlogprob"] < 0.5  # int8 is not bf16, and not far from it
+    assert json.loads(out.read_text())["rows"][0]["KV"] == "int8 (q8_0) vs bf16"
+
+
+@pytest.mark.parametrize("args, flag", [(["--prompts", "0"], "--prompts"), (["--prompts", "999"], "--prompts"),
+                                        (["--positions", "0"], "--positions"), (["--positions", "1000000000"], "--positions")])
+def test_bad_arguments_are_refused_by_flag(args, flag) -> None:
+    with pytest.raises(SystemExit, match=flag):
+        kv_accuracy.main(args)
