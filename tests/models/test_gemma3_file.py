@@ -115,3 +115,29 @@ def test_fast_default_agrees_with_exact(runners, prompt_ids, exact_greedy):
         tops.append(lp.argmax(-1))
     agree = (tops[0] == tops[1]).float().mean().item()
     assert agree >= 0.9, f"top-1 agreement {agree:.3f}"
+
+
+def test_sliding_window_pool_gives_the_full_pools_logprobs_bit_for_bit(gemma3_path):
+    """The hybrid pool (mem_cache/swa_memory_pool.py) squeezed to its floor (two 512-token windows + 64) against
+    one pool for every layer, deterministic kernels: prompts of several windows, chunked, one of them hit in
+    the radix tree after its local KV was given up in part: the same tokens and logprobs, bit for bit."""
+    import radixserve
+
+    g = torch.Generator().manual_seed(3)
+    shared = torch.randint(1000, 200000, (1400,), generator=g).tolist()
+    prompts = [shared + torch.randint(1000, 200000, (n,), generator=g).tolist() for n in (60, 700)]
+    params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    runs = []
+    for hybrid in (True, False):
+        with radixserve.Engine(model_path=gemma3_path, enable_deterministic_inference=True, chunked_prefill_size=512,
+                               max_total_tokens=8192, swa_full_tokens_ratio=0.01, disable_hybrid_swa_memory=not hybrid,
+                               check_invariants=True, show_progress=False) as eng:
+            outs = [eng.generate(input_ids=p, sampling_params=params, return_logprob=True) for p in prompts]
+            outs.append(eng.generate(input_ids=prompts[0], sampling_params=params, return_logprob=True))
+            runs.append((outs, eng.get_server_info()))
+    (hyb, info), (full, _) = runs
+    assert info["swa"]["swa_tokens"] == 1088 and info["swa"]["swa_tombstoned_tokens"] > 0
+    assert hyb[1]["meta_info"]["cached_tokens"] >= 1024  # the shared prefix, past its tombstoned windows
+    for h, f in zip(hyb, full):
+        assert h["output_ids"] == f["output_ids"]
+        assert h["meta_info"]["output_token_logprobs"] == f["meta_info"]["output_token_logprobs"]
