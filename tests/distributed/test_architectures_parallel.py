@@ -1,5 +1,6 @@
 """The new architectures split over real ranks (gloo): Gemma 3 (sliding-window layers, QK-norm, one KV head
-that tp 2 replicates) and Qwen3 at tp 2 and pp 2 give the one-process greedy tokens and logprobs."""
+that tp 2 replicates; on the hybrid sliding-window pool squeezed to its floor, with an int8 KV cache) and Qwen3 at
+tp 2 and pp 2 give the one-process greedy tokens and logprobs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import radixserve
 from tests.models.test_architectures import LONG, make_hf_model
 
 
-@pytest.mark.parametrize("arch,extra", [("gemma3", {"num_key_value_heads": 1}), ("qwen3", {})])
-def test_tp2_and_pp2_match_one_process(tmp_path, default_model_path, arch, extra) -> None:
+@pytest.mark.parametrize("arch,extra,serve", [
+    ("gemma3", {"num_key_value_heads": 1}, {"kv_cache_dtype": "int8", "swa_full_tokens_ratio": 0.01}),
+    ("qwen3", {}, {}),
+])
+def test_tp2_and_pp2_match_one_process(tmp_path, default_model_path, arch, extra, serve) -> None:
     path = tmp_path / arch
     make_hf_model(arch, path, **extra)
     ids = [[(7 * i + 3) % 300 for i in range(LONG)], [5, 17, 99, 3, 42]]  # the first reaches past the window
@@ -18,7 +22,7 @@ def test_tp2_and_pp2_match_one_process(tmp_path, default_model_path, arch, extra
     for layout in ({}, {"tp_size": 2}, {"pp_size": 2}):
         with radixserve.Engine(model_path=str(path), tokenizer_path=default_model_path, max_total_tokens=1024,
                                num_threads=1, quantization="none", dtype="float32", check_invariants=True,
-                               show_progress=False, **layout) as eng:
+                               show_progress=False, **layout, **serve) as eng:
             outs[str(layout)] = eng.generate(input_ids=ids, sampling_params={
                 "max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}, return_logprob=True)
     base = outs["{}"]
