@@ -274,3 +274,21 @@ def test_absurd_disk_tier_knobs_are_refused_naming_them(kw, field):
 
     with pytest.raises(ValueError, match=f"ServerArgs.{field}"):
         ServerArgs(**kw)
+
+
+def test_an_int8_pool_stores_and_restores_its_q8_0_rows(hicache, tmp_path):
+    """--kv-cache-dtype int8: the blocks hold the pool's q8_0 rows as they are (34 bytes per 32 values), and the
+    KV dtype is part of the folder's identity: a bf16 server sharing the directory never reads them."""
+    first = hicache(kv_cache_dtype="int8")
+    ref = run(first, PROMPTS, greedy(8))
+    first.tree_cache.close()
+    files = block_files(tmp_path)
+    pool = first.model_runner.token_to_kv_pool
+    assert len(files) == 6 and pool.row_width == pool.head_dim // 32 * 34
+    assert os.path.getsize(files[0]) == first.tree_cache.storage.shape.file_bytes
+    assert first.tree_cache.storage.shape.payload_bytes == pool.num_layers * 2 * 64 * pool.num_kv_heads * pool.row_width
+    again = hicache(kv_cache_dtype="int8")
+    got = run(again, PROMPTS, greedy(8))
+    assert cached(got) == {"a": 256, "b": 128} and compare(ref, got) == 0
+    other = hicache(kv_cache_dtype="bfloat16")
+    assert cached(run(other, PROMPTS, greedy(2))) == {"a": 0, "b": 0}
