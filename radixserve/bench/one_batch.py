@@ -141,7 +141,11 @@ def bench_decode(drv: RunnerDriver, ctx_lens: list[int], batch_sizes: list[int],
     rows_out, skipped, profiles = [], [], []
     steps = repeats + warmup + 1
     for ctx in ctx_lens:
-        fit = runner.token_to_kv_pool_allocator.available_size() // (ctx + steps)
+        alloc = runner.token_to_kv_pool_allocator
+        fit = alloc.full_available_size() // (ctx + steps)
+        window = getattr(alloc, "swa_window", None)
+        if window is not None:  # a hybrid pool: each row keeps its last window's local KV (RunnerDriver._trim)
+            fit = min(fit, (alloc.swa_available_size() - ctx) // (min(ctx, window) + steps + 1))
         fit = min(fit, runner.req_to_token_pool.available_size())
         wanted = [bs for bs in batch_sizes if bs <= fit]
         skipped += [{"batch_size": bs, "context_len": ctx, "reason": "KV pool / request rows too small"}

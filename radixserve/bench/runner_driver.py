@@ -34,6 +34,7 @@ class RunnerDriver:
         self.runner = runner
         self.request_slots = RequestSlots(runner.req_to_token_pool, runner.token_to_kv_pool_allocator)
         self.rows: dict[int, int] = {}  # row -> tokens whose KV is written
+        self.swa_freed: dict[int, int] = {}  # row -> positions below it gave up their local KV (_trim)
         self.rng = random.Random(seed)
         # Random token ids avoid the lowest ids, where tokenizers keep their special tokens.
         self.vocab_lo = min(100, runner.model_config.vocab_size // 2)
@@ -59,13 +60,25 @@ class RunnerDriver:
             self.rows[row] = length
 
     def release(self, row: int) -> None:
+        self.swa_freed.pop(row, None)
         self.request_slots.free_row(row, 0, self.rows.pop(row))
+
+    def _trim(self, row: int) -> None:
+        """A hybrid sliding-window pool: free the row's local KV that its next queries (at positions >= its length)
+        no longer see, as the scheduler does before each step (BasePrefixCache.release_outside_window)."""
+        window = getattr(self.runner.token_to_kv_pool_allocator, "swa_window", None)
+        lo, hi = self.swa_freed.get(row, 0), self.rows[row] - (window or 0)
+        if window is not None and hi > lo:
+            self.runner.token_to_kv_pool_allocator.free_swa(self.slots(row)[lo:hi])
+            self.swa_freed[row] = hi
 
     def release_all(self) -> None:
         for row in list(self.rows):
             self.release(row)
 
     def _alloc(self, rows: list[int], prefix_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+        for row in rows:
+            self._trim(row)
         locs = self.request_slots.alloc(rows, prefix_lens, seq_lens)
         if locs is None:
             raise RuntimeError(
@@ -115,6 +128,7 @@ class RunnerDriver:
                 dst, from_ = pool.layer_slots(layer, locs), pool.layer_slots(layer, src)
                 k_buf[dst] = k_buf[from_]
                 v_buf[dst] = v_buf[from_]
+            self._trim(row)
             out.append(row)
         return out
 
