@@ -70,9 +70,10 @@ class ServerArgs:
         "time), else float32; on CUDA bfloat16 where supported, else float16"
     )
     kv_cache_dtype: str = _knob(
-        "auto", "auto | float32 | bfloat16 | int8: the KV cache's storage dtype (attention computes in the activation "
+        "auto", "auto | float32 | bfloat16 | int8 | fp8_e4m3: the KV cache's storage dtype (attention computes in the activation "
         "dtype; a bf16 cache halves the bytes a decode step reads from it; int8 stores llama.cpp's q8_0 blocks, 8.5 "
-        "bits a value, read in place by the CPU kernels: mem_cache/kv_quant.py). auto = the activation dtype"
+        "bits a value; fp8_e4m3 e4m3 values with a float32 scale per head and token; both read in place by the CPU "
+        "kernels: mem_cache/kv_quant.py). auto = the activation dtype"
     )
     device: str = _knob("cpu", "cpu | cuda")
     attention_backend: str = _knob(

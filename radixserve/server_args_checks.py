@@ -24,7 +24,7 @@ MAX_DP_SIZE = 64  # replicas (each tp_size * pp_size processes): an absurd value
 MAX_PROCESSES = 256  # scheduler processes of one server, all replicas' ranks together
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "prefix_aware")  # managers/data_parallel_controller.py
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")  # layers/quantization/plan.py says what each does
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8", "fp8_e4m3")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 POOLING_METHODS = ("last", "mean")  # layers/pooler.py
 SPECULATIVE_ALGORITHMS = (None, "ngram", "draft_model")  # speculative/spec_info.py
@@ -77,9 +77,9 @@ def check_server_args(args: ServerArgs) -> None:
 
     if args.dtype not in ("auto", "float32", "float16", "bfloat16"):
         bad("dtype", f"must be auto, float32, float16 or bfloat16, got {args.dtype!r}")
-    if args.kv_cache_dtype in ("fp8_e4m3", "fp8_e5m2", "fp8"):
-        bad("kv_cache_dtype", f"{args.kv_cache_dtype} is not implemented here; int8 stores 8.5 bits a value "
-            "(llama.cpp's q8_0 blocks) and is read in place by the CPU kernels")
+    if args.kv_cache_dtype in ("fp8_e5m2", "fp8"):
+        bad("kv_cache_dtype", f"{args.kv_cache_dtype} is not implemented here; fp8_e4m3 (a scale per head and token) "
+            "and int8 (llama.cpp's q8_0 blocks) are, read in place by the CPU kernels")
     if args.kv_cache_dtype not in KV_CACHE_DTYPES:
         bad("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {args.kv_cache_dtype!r}")
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):

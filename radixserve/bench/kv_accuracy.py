@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", default="auto")
     p.add_argument("--prompts", type=int, default=2, help=f"1..{len(PROMPTS)}")
     p.add_argument("--positions", type=int, default=480, help="teacher-forced positions per prompt, 1..4000")
-    p.add_argument("--kv-dtype", default="int8", choices=["int8", "float32"],
+    p.add_argument("--kv-dtype", default="int8", choices=["int8", "fp8_e4m3", "float32"],
                    help="the KV dtype compared with bf16 (float32: how far bf16 itself is from it)")
     p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server: its q8_0-KV drift from its f16 "
                    "KV on the same file and tokens, same run")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.mem_cache.kv_quant import KV_INT8, kv_bytes_per_value, q8_row_bytes, quantize_q8
+from radixserve.mem_cache.kv_quant import KV_FP8, kv_bytes_per_value, kv_row_width, quantize_kv
 
 
 class ReqToTokenPool:
@@ -79,15 +79,15 @@ class KVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         rows = layer_slots or [num_slots] * num_layers  # per layer (SWAKVPool: the local layers' are fewer)
-        # an int8 pool holds q8_0 blocks (kv_quant.py): head_dim / 32 * 34 bytes a row
-        self.row_width = q8_row_bytes(head_dim) if dtype == KV_INT8 else head_dim
+        # an int8 pool holds q8_0 blocks, an fp8 pool scaled rows (kv_quant.py)
+        self.row_width = kv_row_width(dtype, head_dim)
         shape = (num_kv_heads, self.row_width)
         self.k_buffer = [torch.zeros((n, *shape), dtype=dtype, device=self.device) for n in rows]
         self.v_buffer = [torch.zeros((n, *shape), dtype=dtype, device=self.device) for n in rows]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return int(2 * num_layers * num_kv_heads * head_dim * kv_bytes_per_value(dtype))
+        return int(2 * num_layers * num_kv_heads * head_dim * kv_bytes_per_value(dtype, head_dim))
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         i = layer_id - self.start_layer
@@ -105,7 +105,10 @@ class KVPool:
         """Write this step's K/V ([n, kv_heads, head_dim]) at the slots the scheduler chose."""
         k_buf, v_buf = self.get_kv_buffer(layer_id)
         rows = self.layer_slots(layer_id, loc)
-        if self.dtype == KV_INT8:  # q8_0 blocks, the bits the C++ writer stores
-            k, v = quantize_q8(k), quantize_q8(v)
-        k_buf.index_copy_(0, rows, k.to(self.dtype))
-        v_buf.index_copy_(0, rows, v.to(self.dtype))
+        # a quantised pool's rows: the bits the C++ writer stores (kv_quant.py); index_copy_ has no float8 kernel,
+        # so rows are copied as raw bytes whatever the dtype holds
+        for buf, x in ((k_buf, k), (v_buf, v)):
+            q = quantize_kv(x, self.dtype)
+            if buf.dtype == KV_FP8:
+                buf, q = buf.view(torch.uint8), q.view(torch.uint8)
+            buf.index_copy_(0, rows, q)

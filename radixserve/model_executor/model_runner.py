@@ -55,7 +55,7 @@ from radixserve.layers.rejection_sampler import RejectionSampler
 from radixserve.layers.sampler import Sampler
 from radixserve.lora.lora_batch import LoRABatch
 from radixserve.lora.runner_setup import lora_batch_for, make_lora_manager
-from radixserve.mem_cache.kv_quant import KV_INT8
+from radixserve.mem_cache.kv_quant import KV_FP8, KV_INT8, kv_row_width
 from radixserve.mem_cache.memory_pool import KVPool
 from radixserve.mem_cache.swa_memory_pool import SWAKVPool, plan_swa
 from radixserve.model_executor.memory_pools import init_memory_pools
@@ -74,7 +74,7 @@ from radixserve.speculative.spec_info import SpeculativeAlgorithm
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-KV_DTYPES = {**DTYPES, "int8": KV_INT8}  # int8: q8_0 blocks (mem_cache/kv_quant.py)
+KV_DTYPES = {**DTYPES, "int8": KV_INT8, "fp8_e4m3": KV_FP8}  # quantised rows: mem_cache/kv_quant.py
 
 
 def resolve_dtype(name: str, device: torch.device, deterministic: bool = False) -> torch.dtype:
@@ -127,10 +127,15 @@ class ModelRunner:
         self.model_config = get_model_config(self.model_path, server_args.context_length)
         # the launcher checked before starting us
         check_model_fits(self.model_config, self.tp_size, self.pp_size, server_args.ep_size)
-        if self.kv_cache_dtype == KV_INT8 and (self.device.type != "cpu" or self.model_config.head_dim % 32):
-            raise ValueError("ServerArgs.kv_cache_dtype: int8 (q8_0 blocks) is read by the CPU attention kernels "
-                             f"only, for head_dim a multiple of 32 (device {self.device.type}, head_dim "
-                             f"{self.model_config.head_dim}); use bfloat16")
+        if self.kv_cache_dtype in (KV_INT8, KV_FP8):  # quantised rows: the CPU kernels read them, for these shapes
+            try:
+                if self.device.type != "cpu":
+                    raise ValueError(f"the {self.device.type} attention path cannot read them")
+                kv_row_width(self.kv_cache_dtype, self.model_config.head_dim)
+            except ValueError as e:
+                raise ValueError(f"ServerArgs.kv_cache_dtype: {server_args.kv_cache_dtype} is read by the CPU attention "
+                                 f"kernels only ({e}; device {self.device.type}, head_dim "
+                                 f"{self.model_config.head_dim}); use bfloat16") from None
         self.parallel_state = parallel_state or init_parallel_state(
             rank, layout, server_args.dist_init_addr, server_args.device, server_args.dist_timeout,
             server_args.dist_init_timeout, server_args.ep_size,

@@ -29,8 +29,8 @@ def test_dtype_auto_reads_the_cpu() -> None:
         ServerArgs(dtype="int3")
     with pytest.raises(ValueError, match="ServerArgs.kv_cache_dtype"):
         ServerArgs(kv_cache_dtype="float8")
-    with pytest.raises(ValueError, match="ServerArgs.kv_cache_dtype: fp8_e4m3 is not implemented.*int8"):
-        ServerArgs(kv_cache_dtype="fp8_e4m3")
+    with pytest.raises(ValueError, match="ServerArgs.kv_cache_dtype: fp8_e5m2 is not implemented.*fp8_e4m3"):
+        ServerArgs(kv_cache_dtype="fp8_e5m2")
     with pytest.raises(ValueError, match="ServerArgs.enable_deterministic_inference"):
         ServerArgs(dtype="bfloat16", enable_deterministic_inference=True)
     # which steps run low-bit: every one, except long steps where bf16 GEMMs run on AMX tiles
@@ -83,20 +83,27 @@ def test_cpu_bf16_gemms_keep_float32_activations(tmp_path) -> None:
         torch.testing.assert_close(b, a, atol=0.05, rtol=0.05)
 
 
+# (KV dtype, its storage dtype, greedy tokens that must match the float32 cache's, share of all 16 that must):
+# e4m3 keeps 3 mantissa bits, so a 135M model's greedy text drifts sooner
+KV_CASES = [("bfloat16", torch.bfloat16, 8, 0.9), ("int8", torch.int8, 8, 0.9),
+            ("fp8_e4m3", torch.float8_e4m3fn, 2, 0.5)]
+
+
 @pytest.mark.skipif(ops is None, reason=f"no C++ kernels: {why}")
-@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
-def test_low_precision_kv_cache_on_the_default_model(model_runner, make_scheduler, tokenizer, kv) -> None:
-    """Exact-mode weights with a bf16 or q8_0 (int8) KV cache: the pool holds it, the greedy output stays the
-    float32 cache's on these prompts (the first 8 tokens; the rest agree >= 90%)."""
+@pytest.mark.parametrize("kv,storage,prefix,share", KV_CASES, ids=[c[0] for c in KV_CASES])
+def test_low_precision_kv_cache_on_the_default_model(model_runner, make_scheduler, tokenizer, kv, storage, prefix,
+                                                     share) -> None:
+    """Exact-mode weights with a bf16, q8_0 (int8) or fp8 KV cache: the pool holds it, the greedy output stays the
+    float32 cache's on these prompts (the first `prefix` tokens; `share` of them all)."""
     from tests.managers.driver import greedy, run
 
     prompts = {f"p{i}": tokenizer.encode(p, add_special_tokens=False) for i, p in enumerate(
         ["The capital of France is", "A radix tree is a data structure that", "List five fruits:"])}
     want = run(make_scheduler(), prompts, greedy(16), logprobs=False)
     sched = make_scheduler(kv_cache_dtype=kv)
-    assert sched.model_runner.token_to_kv_pool.k_buffer[0].dtype == getattr(torch, kv)
+    assert sched.model_runner.token_to_kv_pool.k_buffer[0].dtype == storage
     got = run(sched, prompts, greedy(16), logprobs=False)
     agree = sum(a == b for r in prompts for a, b in zip(want[r].output_ids, got[r].output_ids)) / (16 * len(prompts))
     print(f"{kv} KV vs float32 KV: {agree:.0%} of greedy tokens agree")
-    assert all(want[r].output_ids[:8] == got[r].output_ids[:8] for r in prompts)
-    assert agree >= 0.9
+    assert all(want[r].output_ids[:prefix] == got[r].output_ids[:prefix] for r in prompts)
+    assert agree >= share

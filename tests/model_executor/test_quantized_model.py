@@ -52,10 +52,10 @@ def test_auto_keeps_the_files_own_blocks(fast_runner, model_runner) -> None:
     assert torch.equal(qkv, torch.cat([want[p + "q_proj.weight"], want[p + "k_proj.weight"], want[p + "v_proj.weight"]]))
 
 
-@pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16", "int8", "fp8_e4m3"])
 def test_decode_stack_equals_the_layer_by_layer_path(fast_runner, kv_dtype) -> None:
     """Also with a bf16 KV cache: the stack's own KV writes round as torch's do (bf16.h); and with q8_0 blocks,
-    quantised by the stack as mem_cache/kv_quant.py does (kv_q8.h)."""
+    quantised by the stack as mem_cache/kv_quant.py does (kv_quant.h)."""
     from radixserve.model_executor.model_runner import ModelRunner
 
     stacked = fast_runner if kv_dtype == "auto" else ModelRunner(

@@ -41,7 +41,7 @@
 
 #include "attn_common.h"
 #include "bf16.h"
-#include "kv_q8.h"
+#include "kv_quant.h"
 #include "ops.h"
 #include "quant_linear.h"
 
@@ -327,6 +327,9 @@ class DecodeStack : public torch::CustomClassHolder {
       const int64_t* lp = local ? swa_locp : loc;
       if (Ly.k_buf.scalar_type() == at::kChar) {
         write_kv_q8(Ly.k_buf.data_ptr<int8_t>(), Ly.v_buf.data_ptr<int8_t>(), qkvp, qkv_n, lp, M);
+      } else if (Ly.k_buf.scalar_type() == at::kFloat8_e4m3fn) {
+        write_kv_f8(static_cast<uint8_t*>(Ly.k_buf.data_ptr()), static_cast<uint8_t*>(Ly.v_buf.data_ptr()), qkvp,
+                    qkv_n, lp, M);
       } else if (Ly.k_buf.scalar_type() == at::kBFloat16) {
         write_kv(reinterpret_cast<bf16_t*>(Ly.k_buf.data_ptr()), reinterpret_cast<bf16_t*>(Ly.v_buf.data_ptr()),
                  qkvp, qkv_n, lp, M);
@@ -385,10 +388,11 @@ class DecodeStack : public torch::CustomClassHolder {
     if (L.qkv_bias.numel() > 0) check_vec(L.qkv_bias, qkv_n, "qkv_bias");
     for (const at::Tensor* kv : {&L.k_buf, &L.v_buf}) {
       const auto t = kv->scalar_type();
-      TORCH_CHECK((t == at::kFloat || t == at::kBFloat16 || t == at::kChar) && t == L.k_buf.scalar_type() &&
+      TORCH_CHECK((t == at::kFloat || t == at::kBFloat16 || t == at::kChar || t == at::kFloat8_e4m3fn) &&
+                      t == L.k_buf.scalar_type() &&
                       kv->is_contiguous() && kv->dim() == 3 && kv->size(1) == Hkv_ && kv_row_ok(*kv, D_),
                   "DecodeStack.add_layer: KV buffers must be float32 or bfloat16 [slots, kv_heads, head_dim], or "
-                  "int8 q8_0 blocks [slots, kv_heads, head_dim / 32 * 34]");
+                  "int8 q8_0 blocks [slots, kv_heads, head_dim / 32 * 34], or fp8 rows [slots, kv_heads, head_dim + 4]");
     }
     L.qkv = qmat_from_tensors(kinds[0], qkv_n, H_, t[5], t[6], t[7], "DecodeStack qkv_proj");
     L.o = qmat_from_tensors(kinds[1], H_, Hq_ * D_, t[8], t[9], t[10], "DecodeStack o_proj");
@@ -485,13 +489,22 @@ class DecodeStack : public torch::CustomClassHolder {
     }
   }
 
-  // the same into an int8 pool's q8_0 blocks (kv_q8.h: the bits mem_cache/kv_quant.py writes)
+  // the same into an int8 pool's q8_0 blocks (kv_quant.h: the bits mem_cache/kv_quant.py writes)
   void write_kv_q8(int8_t* kp, int8_t* vp, const float* qkvp, int64_t qkv_n, const int64_t* loc, int64_t M) const {
     const int64_t kv_row = Hkv_ * D_;
     for (int64_t i = 0; i < M; ++i) {
       const float* row = qkvp + i * qkv_n;
       store_row_q8(kp, loc[i] * kv_row, row + Hq_ * D_, kv_row);
       store_row_q8(vp, loc[i] * kv_row, row + (Hq_ + Hkv_) * D_, kv_row);
+    }
+  }
+
+  void write_kv_f8(uint8_t* kp, uint8_t* vp, const float* qkvp, int64_t qkv_n, const int64_t* loc, int64_t M) const {
+    const int64_t kv_row = Hkv_ * D_;
+    for (int64_t i = 0; i < M; ++i) {
+      const float* row = qkvp + i * qkv_n;
+      store_row_f8(kp, loc[i] * kv_row, row + Hq_ * D_, kv_row, D_);
+      store_row_f8(vp, loc[i] * kv_row, row + (Hq_ + Hkv_) * D_, kv_row, D_);
     }
   }
 

@@ -37,7 +37,7 @@
 
 #include "attn_common.h"
 #include "bf16.h"
-#include "kv_q8.h"
+#include "kv_quant.h"
 #include "ops.h"
 
 namespace radixserve {
@@ -294,8 +294,8 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       }
     });
   };
-  if (k.scalar_type() == at::kChar) {  // q8_0 blocks (kv_q8.h)
-    work(Q8P{k.data_ptr<int8_t>(), 0}, Q8P{v.data_ptr<int8_t>(), 0});
+  if (with_quantised_kv(k, v, work)) {  // q8_0 blocks or fp8 rows (kv_quant.h)
+    return;
   } else if (k.scalar_type() == at::kBFloat16) {
     work(reinterpret_cast<const bf16_t*>(k.data_ptr()), reinterpret_cast<const bf16_t*>(v.data_ptr()));
   } else {

@@ -1,4 +1,4 @@
-// Paged attention on CPU (float32 compute; the KV pool in float32, bfloat16 or q8_0 blocks (kv_q8.h), widened on
+// Paged attention on CPU (float32 compute; the KV pool in float32, bfloat16 or q8_0 blocks (kv_quant.h), widened on
 // load): the kernel for short query blocks (DECODE, TARGET_VERIFY, the decodes of MIXED) and its variable-length form
 // for every mode (--enable-deterministic-inference). Op schemas: ops.cpp; built per ISA by kernels/cpu/loader.py.
 //
@@ -34,7 +34,7 @@
 
 #include "attn_common.h"
 #include "bf16.h"
-#include "kv_q8.h"
+#include "kv_quant.h"
 #include "ops.h"
 
 namespace radixserve {
@@ -330,15 +330,15 @@ inline int64_t rows_seeing_end(int64_t t, int64_t pos0, int64_t window, int64_t 
 }
 
 inline bool kv_dtype_ok(const at::Tensor& k, const at::Tensor& v) {
-  return k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16 ||
-                                                k.scalar_type() == at::kChar);
+  const auto t = k.scalar_type();
+  return t == v.scalar_type() && (t == at::kFloat || t == at::kBFloat16 || t == at::kChar || t == at::kFloat8_e4m3fn);
 }
 
-// f(kp, vp) with the pool's element pointers: float32, bfloat16 (bf16.h) or q8_0 blocks (kv_q8.h)
+// f(kp, vp) with the pool's element pointers: float32, bfloat16 (bf16.h), q8_0 blocks or fp8 rows (kv_quant.h)
 template <typename F>
 inline void with_kv(const at::Tensor& k, const at::Tensor& v, F&& f) {
-  if (k.scalar_type() == at::kChar) {
-    f(Q8P{k.data_ptr<int8_t>(), 0}, Q8P{v.data_ptr<int8_t>(), 0});
+  if (with_quantised_kv(k, v, f)) {
+    return;
   } else if (k.scalar_type() == at::kBFloat16) {
     f(reinterpret_cast<const bf16_t*>(k.data_ptr()), reinterpret_cast<const bf16_t*>(v.data_ptr()));
   } else {
@@ -354,7 +354,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), "paged_attention: CPU tensors only");
   check_window_softcap("paged_attention", window, softcap);
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v),
-              "paged_attention: q and out float32, k and v both float32, bfloat16 or int8 (q8_0)");
+              "paged_attention: q and out float32, k and v both float32, bfloat16, int8 (q8_0) or fp8");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
               "paged_attention: kv_idx and seq_lens must be int64");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && out.is_contiguous() &&
@@ -497,7 +497,7 @@ void check_varlen_attention(const char* op, const at::Tensor& q, const at::Tenso
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), op, ": CPU tensors only");
   check_window_softcap(op, window, softcap);
   TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && kv_dtype_ok(k, v), op,
-              ": q and out float32, k and v both float32, bfloat16 or int8 (q8_0)");
+              ": q and out float32, k and v both float32, bfloat16, int8 (q8_0) or fp8");
   TORCH_CHECK(kv_idx.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong &&
                   q_start.scalar_type() == at::kLong && q_lens.scalar_type() == at::kLong,
               op, ": kv_idx, seq_lens, q_start and q_lens must be int64");

@@ -1,7 +1,7 @@
-"""--kv-cache-dtype int8 through the real scheduler: radix hits, chunked prefill + MIXED, n-gram speculation and
-retraction all run on the q8_0 pool with every step's accounting checked, and the greedy tokens stay the bf16
-pool's (the default model; and a sliding-window model on the hybrid pool). A path that cannot read the blocks is
-refused at start-up, naming it."""
+"""--kv-cache-dtype int8 and fp8_e4m3 through the real scheduler: radix hits, chunked prefill + MIXED, n-gram
+speculation and retraction all run on the quantised pool with every step's accounting checked, and the greedy tokens
+stay close to the bf16 pool's (the default model; and a sliding-window model on the hybrid pool). A path that
+cannot read the rows is refused at start-up, naming it."""
 
 from __future__ import annotations
 
@@ -49,6 +49,18 @@ def test_int8_pool_serves_every_mode(default_model_path, args) -> None:
         assert info["num_retractions"] > 0
 
 
+def test_fp8_pool_serves_speculation_and_radix_hits(default_model_path) -> None:
+    g = torch.Generator().manual_seed(6)
+    base = torch.randint(100, 5000, (90,), generator=g).tolist()
+    prompts = [base, base[:60] + torch.randint(100, 5000, (30,), generator=g).tolist(), base[:20] * 4]
+    args = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 3, "chunked_prefill_size": 32}
+    got, info = _run(default_model_path, default_model_path, prompts, kv_cache_dtype="fp8_e4m3", **args)
+    want, _ = _run(default_model_path, default_model_path, prompts, kv_cache_dtype="bfloat16", **args)
+    agree = sum(a == b for x, y in zip(got, want) for a, b in zip(x, y)) / sum(len(x) for x in want)
+    print(f"fp8_e4m3 vs bf16 KV: {agree:.0%} of greedy tokens agree")
+    assert all(x[:2] == y[:2] for x, y in zip(got, want)) and agree >= 0.5 and info["hit"] >= 64
+
+
 def test_int8_on_the_hybrid_sliding_window_pool(tmp_path, default_model_path) -> None:
     path = tmp_path / "gemma3"
     make_hf_model("gemma3", path)  # head_dim 32: one q8_0 block a row
@@ -62,9 +74,13 @@ def test_int8_on_the_hybrid_sliding_window_pool(tmp_path, default_model_path) ->
     assert all(x[:4] == y[:4] for x, y in zip(got, want)) and agree >= 0.85
 
 
-def test_a_head_dim_off_the_blocks_is_refused_naming_the_field(tmp_path) -> None:
-    path = tmp_path / "mistral"
-    make_hf_model("mistral_window", path)  # head_dim 16
-    with pytest.raises(ValueError, match="kv_cache_dtype: int8.*head_dim 16"):
-        ModelRunner(ServerArgs(model_path=str(path), kv_cache_dtype="int8", quantization="none", dtype="float32",
+@pytest.mark.parametrize("kv,arch,extra,why", [
+    ("int8", "mistral_window", {}, "multiple of 32, got 16"),  # head_dim 16
+    ("fp8_e4m3", "qwen3", {"head_dim": 48}, "power of two >= 8, got 48"),
+])
+def test_a_head_dim_the_kernels_cannot_read_is_refused_naming_the_field(tmp_path, kv, arch, extra, why) -> None:
+    path = tmp_path / arch
+    make_hf_model(arch, path, **extra)
+    with pytest.raises(ValueError, match=f"kv_cache_dtype: {kv} is read by the CPU attention kernels only.*{why}"):
+        ModelRunner(ServerArgs(model_path=str(path), kv_cache_dtype=kv, quantization="none", dtype="float32",
                                max_total_tokens=256))

@@ -1,7 +1,7 @@
-"""--kv-cache-dtype int8: llama.cpp's q8_0 blocks (mem_cache/kv_quant.py, kernels/cpu/csrc/kv_q8.h). The PyTorch
-writer's bits, ggml's reference quantiser, the C++ writer's bits (the decode stack) all agree; every attention
-kernel reading the blocks in place (paged decode, varlen, flash extend, with windows and soft-caps) matches a
-float64 reference over the dequantised KV."""
+"""--kv-cache-dtype int8 (llama.cpp's q8_0 blocks) and fp8_e4m3 (a float32 scale per head and token, e4m3 values):
+mem_cache/kv_quant.py and kernels/cpu/csrc/kv_quant.h. The PyTorch writer's bits, ggml's reference quantiser and
+the C++ writer's bits (the decode stack) agree; every attention kernel reading the rows in place (paged decode,
+varlen, flash extend, with windows and soft-caps) matches a float64 reference over the dequantised KV."""
 
 from __future__ import annotations
 
@@ -14,7 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.kernels.cpu import load_cpu_ops
-from radixserve.mem_cache.kv_quant import dequantize_q8, kv_bytes_per_value, q8_row_bytes, quantize_q8
+from radixserve.mem_cache.kv_quant import (
+    KV_FP8,
+    dequantize_kv,
+    dequantize_q8,
+    kv_bytes_per_value,
+    kv_row_width,
+    q8_row_bytes,
+    quantize_fp8,
+    quantize_kv,
+    quantize_q8,
+)
 from radixserve.mem_cache.memory_pool import KVPool
 
 ops, why = load_cpu_ops()
@@ -47,7 +57,24 @@ def test_pool_stores_blocks_and_sizes_by_them() -> None:
 
 
 def _dequant_pool(pool: torch.Tensor) -> torch.Tensor:
-    return dequantize_q8(pool).double()
+    return dequantize_kv(pool, torch.float64)
+
+
+def test_fp8_rows_hold_a_scale_per_head_and_token() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 2, 64, generator=g) * torch.logspace(-2, 2, 64)
+    x[0, 0] = 0.0  # an all-zero row: scale 0, values 0
+    rows = quantize_fp8(x)
+    assert rows.shape == (5, 2, 68) and rows.dtype == KV_FP8
+    scale = rows[..., :4].contiguous().view(torch.float32)
+    assert torch.equal(scale, x.abs().amax(-1, keepdim=True) / 448)
+    back = dequantize_kv(rows, torch.float32)
+    assert back[0, 0].abs().max() == 0
+    assert ((back - x).abs() <= x.abs().amax(-1, keepdim=True) / 16 + 1e-12).all()  # e4m3: 3 mantissa bits
+    assert kv_row_width(KV_FP8, 128) == 132 and kv_bytes_per_value(KV_FP8, 64) == 68 / 64
+    for bad in (96, 4):
+        with pytest.raises(ValueError, match="fp8_e4m3 needs a head_dim that is a power of two"):
+            kv_row_width(KV_FP8, bad)
 
 
 def _reference(q, k, v, kv_idx, seq_lens, q_start, q_lens, scale, window, cap):
@@ -72,18 +99,19 @@ def _reference(q, k, v, kv_idx, seq_lens, q_start, q_lens, scale, window, cap):
 
 
 @needs_ops
-@settings(max_examples=25, deadline=None)
+@pytest.mark.parametrize("kv", [torch.int8, KV_FP8])
+@settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**16), lens=st.lists(st.tuples(st.integers(0, 120), st.integers(1, 40)), min_size=1,
                                                     max_size=4),
        heads=st.sampled_from([(9, 3), (4, 4), (8, 1)]), D=st.sampled_from([32, 64, 128]),
        window=st.sampled_from([0, 7]), cap=st.sampled_from([0.0, 30.0]))
-def test_kernels_read_the_blocks_in_place(seed, lens, heads, D, window, cap) -> None:
+def test_kernels_read_the_rows_in_place(kv, seed, lens, heads, D, window, cap) -> None:
     H, Hkv = heads
     g = torch.Generator().manual_seed(seed)
     nb, max_len = len(lens), max(p + n for p, n in lens)
     S = nb * max_len + 5
-    k8 = quantize_q8(torch.randn(S, Hkv, D, generator=g))
-    v8 = quantize_q8(torch.randn(S, Hkv, D, generator=g))
+    k8 = quantize_kv(torch.randn(S, Hkv, D, generator=g), kv)
+    v8 = quantize_kv(torch.randn(S, Hkv, D, generator=g), kv)
     kv_idx = torch.randperm(S, generator=g)[: nb * max_len].view(nb, max_len).contiguous()
     q_lens = torch.tensor([n for _, n in lens])
     seq_lens = torch.tensor([p + n for p, n in lens])
