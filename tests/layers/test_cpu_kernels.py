@@ -192,9 +192,9 @@ def test_wrong_dtype_and_shape_raise():
     q, k_pool, v_pool, kv_idx, seq_lens = make_case(8, 2, 1, 9, 3, 64, 16)
     with pytest.raises(RuntimeError, match="float32"):
         kernel(q.double(), k_pool, v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q).double())
-    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+    with pytest.raises(RuntimeError, match="k and v both float32, bfloat16, int8 \\(q8_0\\) or fp8"):
         kernel(q, k_pool.bfloat16(), v_pool, kv_idx, seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q))
-    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+    with pytest.raises(RuntimeError, match="k and v both float32, bfloat16, int8 \\(q8_0\\) or fp8"):
         kernel(q, k_pool.half(), v_pool.half(), kv_idx, seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q))
     with pytest.raises(RuntimeError, match="int64"):
         kernel(q, k_pool, v_pool, kv_idx.int(), seq_lens, 1, 0.125, 0, 0.0, torch.empty_like(q))
