@@ -8,7 +8,7 @@ from radixserve.bench import kv_capacity
 
 
 def test_the_hybrid_and_int8_pools_hold_more_and_the_longest_prompt_runs(tmp_path) -> None:
-    res = kv_capacity.main(["--kv-budget-gib", "0.03", "--swa-full-tokens-ratio", "0.25",
+    res = kv_capacity.main(["--kv-budget-gib", "0.02", "--swa-full-tokens-ratio", "0.25",
                             "--json", str(tmp_path / "kv.json")])
     by = {(c["hybrid"], c["kv"]): c for c in res["configs"]}
     one, hybrid = by[False, "bfloat16"], by[True, "bfloat16"]
@@ -19,7 +19,7 @@ def test_the_hybrid_and_int8_pools_hold_more_and_the_longest_prompt_runs(tmp_pat
     assert by[False, "int8"]["full_tokens"] / one["full_tokens"] == pytest.approx(64 / 34, rel=0.01)
     long = res["long_prompt"]
     assert long["kv"] == "int8" and long["prompt_tokens"] == by[True, "int8"]["full_tokens"] - 64
-    assert long["prompt_tokens"] > 4 * one["full_tokens"]
+    assert long["prompt_tokens"] > 4.5 * one["full_tokens"]
     assert long["swa"]["swa_tombstoned_tokens"] > 0  # the prompt's old windows were given up as it ran
 
 
