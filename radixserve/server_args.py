@@ -155,6 +155,20 @@ class ServerArgs:
     )
     disable_hybrid_swa_memory: bool = _knob(
         False, "one KV pool for every layer, sliding-window layers included (every token kept)")
+    # --- images (a vision-language model: models/vision/) ---
+    allowed_local_media_path: str | None = _knob(
+        None, "image inputs may name local files under this directory (resolved, symlinks included); None = no "
+        "local files")
+    allow_remote_media: bool = _knob(False, "image inputs may be http(s) URLs, fetched by the server (bounded by "
+                                     "--max-image-bytes); off: such a URL is a 400")
+    max_image_bytes: int = _knob(20 * 1024 * 1024, "most bytes one encoded image may have. [1 KiB, 1 GiB]")
+    max_image_pixels: int = _knob(
+        40_000_000, "most pixels (width x height) one decoded image may have, checked from its header before "
+        "decoding (a decompression bomb is refused). [1, 89478485]: Pillow's own bomb limit caps it")
+    max_images_per_request: int = _knob(16, "most images in one request. [0, 1024]")
+    mm_encoder_cache_mb: float = _knob(
+        256.0, "MB of vision-tower outputs kept by image hash, so an image seen again (a chunk that cuts it, a "
+        "second request) is not encoded twice. [0, 65536]")
     # --- scheduling ---
     max_running_requests: int = _knob(64, "most requests decoding at once")
     max_prefill_tokens: int = _knob(8192, "most prompt tokens admitted into one prefill step")

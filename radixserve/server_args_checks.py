@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from radixserve.distributed.host_port import parse_host_port
 from radixserve.function_call.registry import TOOL_CALL_PARSERS  # the one list of tool-call formats
-from radixserve.model_loader.chat_template import read_chat_template
 from radixserve.lora.lora_args import check_lora_args
+from radixserve.model_loader.chat_template import read_chat_template
 from radixserve.parser.reasoning_args import check_reasoning_args
 
 if TYPE_CHECKING:
@@ -45,6 +45,17 @@ def check_hicache_args(args: ServerArgs, bad) -> None:
     size = args.hicache_size
     if isinstance(size, bool) or not isinstance(size, (int, float)) or not 0 < size <= 100_000:
         bad("hicache_size", f"must be in (0, 100000] GiB, got {size!r}")
+    # 89,478,485: Pillow's Image.MAX_IMAGE_PIXELS, past which its own decompression-bomb check refuses first
+    for name, low, high in (("max_image_bytes", 1024, 1 << 30), ("max_image_pixels", 1, 89_478_485),
+                            ("max_images_per_request", 0, 1024)):
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            bad(name, f"must be an integer in [{low}, {high}], got {value!r}")
+    cache_mb = args.mm_encoder_cache_mb
+    if isinstance(cache_mb, bool) or not isinstance(cache_mb, (int, float)) or not 0 <= cache_mb <= 65536:
+        bad("mm_encoder_cache_mb", f"must be in [0, 65536] MB, got {cache_mb!r}")
+    if args.allowed_local_media_path is not None and not os.path.isdir(args.allowed_local_media_path):
+        bad("allowed_local_media_path", f"{args.allowed_local_media_path!r} is not a directory")
     ratio = args.swa_full_tokens_ratio
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
         bad("swa_full_tokens_ratio", f"must be in (0, 1], got {ratio!r}")

@@ -53,6 +53,13 @@ SERVER_EVIDENCE: dict[str, str] = {
     "hicache_storage_dir": "tests/mem_cache/test_hicache.py",
     "hicache_size": "tests/mem_cache/test_hicache.py",
     "swa_full_tokens_ratio": "tests/models/test_swa_engine.py",
+    # images (a vision-language model)
+    "allowed_local_media_path": "tests/entrypoints/test_http_images.py",
+    "max_images_per_request": "tests/entrypoints/test_http_images.py",
+    "allow_remote_media": "tests/multimodal/test_image_loader.py",
+    "max_image_bytes": "tests/multimodal/test_image_loader.py",
+    "max_image_pixels": "tests/multimodal/test_image_loader.py",
+    "mm_encoder_cache_mb": "tests/models/test_llava_engine.py",
     "disable_hybrid_swa_memory": "tests/models/test_swa_engine.py",
     "max_rerank_documents": "tests/entrypoints/test_http_rerank.py",
     "rpc_timeout": "tests/entrypoints/test_http_faults.py",

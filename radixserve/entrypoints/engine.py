@@ -99,13 +99,14 @@ class Engine:
         rid: str | None = None,
         timeout: float | None = None,
         lora_path: str | None = None,  # a loaded LoRA adapter's name (--lora-paths); None = the base model
+        image_data: list[Any] | list[list[Any]] | None = None,  # a vision-language model's images (see GenerateReqInput)
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Returns a dict (or a list for batch input); with stream=True, an iterator of
         incremental dicts whose "text" and "output_ids" hold only what is new."""
         subs, is_batch = self._normalize(prompt, input_ids, sampling_params, rid, timeout,
                                          return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
                                          return_prompt_logprob=return_prompt_logprob, stream=stream,
-                                         lora_path=lora_path)
+                                         lora_path=lora_path, image_data=image_data)
         if stream:
             if is_batch:
                 raise ValueError("stream: streaming takes a single prompt")

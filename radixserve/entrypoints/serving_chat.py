@@ -105,6 +105,12 @@ class OpenAIServingChat(OpenAIServingBase):
         return self.apply_template(req.messages, tools.defs if tools.active else None, reasoning.template_kwargs), \
             tools, reasoning
 
+    def images(self, messages: list[ChatMessage]) -> list[str] | None:
+        """The image parts' URLs in prompt order (what the template's placeholders stand for); None: no image."""
+        urls = [part_image_url(part, k) for k, m in enumerate(messages) if isinstance(m.content, list)
+                for part in m.content if part.get("type") == "image_url"]
+        return urls or None
+
     async def run(self, req: ChatCompletionRequest, request: Request) -> ServingRun:
         """The call `req` asks for (req.stream picks the form); `request` is watched for a client that
         leaves. The API surfaces that translate onto this route call it too (entrypoints/surfaces.py)."""
@@ -119,7 +125,7 @@ class OpenAIServingChat(OpenAIServingBase):
         constraint, renames = self.constraint(req, tools.structural_tag())
         # max_tokens absent: generate until EOS or the context is full (default_max_new_tokens -1).
         subs, _ = self.normalize(GenerateReqInput(
-            text=prompt, rid=rid,
+            text=prompt, rid=rid, image_data=self.images(req.messages),
             sampling_params={**self.sampling_dict(req, max_new), **constraint, **reasoning.sampling(prompt)},
             return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,
             default_max_new_tokens=-1,  # the tokenizer's BOS rule; a template's own BOS is not doubled
@@ -167,21 +173,15 @@ class OpenAIServingChat(OpenAIServingBase):
                        template_kwargs: dict[str, Any] | None = None) -> str:
         """OpenAI messages (and tools) -> prompt text via the tokenizer's own chat template."""
         plain: list[dict[str, Any]] = []
+        takes_images = self.tm.mm_processor is not None
         for k, m in enumerate(messages):
-            content = m.content
-            if isinstance(content, list):  # content parts: only text is meaningful to a text model
-                texts = []
-                for part in content:
-                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        why = f"messages.{k}.content: only text parts are supported"
-                        raise APIError(400, why, "messages")
-                    texts.append(part["text"])
-                content = "".join(texts)
+            content = template_content(m.content, k, takes_images)
             if m.role == "tool" and not m.tool_call_id:
                 raise APIError(400, f"messages.{k}.tool_call_id: a tool message must name the call it answers",
                                "messages")
             # "developer" is OpenAI's new name for "system"; templates only know the latter.
-            d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+            d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                 "content": content if content is not None else ""}
             if m.tool_calls:
                 d["tool_calls"] = [tc.model_dump(exclude_none=True) for tc in m.tool_calls]
             if m.tool_call_id:
@@ -275,3 +275,33 @@ class OpenAIServingChat(OpenAIServingBase):
             usage = reasoning.add_usage(self.usage(finals, n), finals)
             yield ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[], usage=usage)
 
+
+def template_content(content: str | list[dict[str, Any]] | None, k: int, takes_images: bool) -> Any:
+    """A message's content as the chat template reads it. A text model's template takes a string (text parts
+    joined); a vision-language model's takes parts ([{"type": "image"}, {"type": "text", "text": ...}], as
+    transformers' processors pass them), and writes the model's image placeholder for each image part."""
+    if not isinstance(content, list):
+        return [{"type": "text", "text": content or ""}] if takes_images else content
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url" and takes_images:
+            parts.append({"type": "image"})
+        elif kind == "image_url":
+            raise APIError(400, f"messages.{k}.content: this model takes no images (image_url parts need a "
+                           "vision-language model)", "messages")
+        else:
+            raise APIError(400, f"messages.{k}.content: parts are text or image_url, got {kind!r}", "messages")
+    return parts if takes_images else "".join(p["text"] for p in parts)
+
+
+def part_image_url(part: dict[str, Any], k: int) -> str:
+    """OpenAI's {"type": "image_url", "image_url": {"url": ...}} (or the url as a plain string)."""
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise APIError(400, f"messages.{k}.content: an image_url part needs image_url.url (a data: URI, or a URL or "
+                       "file the server allows)", "messages")
+    return url

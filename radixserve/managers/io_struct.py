@@ -40,6 +40,9 @@ class GenerateReqInput:
     # token after the prompt: one row per output token (the distribution it was drawn from), and with
     # max_new_tokens 0 the one row after the prompt, computed without sampling (what rerank and score read)
     token_ids_logprob: list[int] | None = None
+    # images for the prompt's image placeholders, in order (SGLang's name): PIL images, encoded bytes, data:
+    # URIs, paths / URLs where the server allows them (multimodal/image_loader.py); a batch: one list per prompt
+    image_data: list[Any] | list[list[Any]] | None = None
 
 
 @dataclass
@@ -56,6 +59,7 @@ class TokenizedGenerateReqInput:
     parent_rid: str | None = None  # the caller's rid when this is one of prompts x n sub-requests
     lora_path: str | None = None  # the LoRA adapter (its name) this request runs with; None = base model
     token_ids_logprob: list[int] | None = None  # see GenerateReqInput
+    mm_inputs: Any = None  # multimodal/mm_inputs.MultimodalInputs: the prompt's image spans and pixels
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from radixserve.mem_cache.cache_namespace import namespaced
+from radixserve.multimodal.mm_inputs import MultimodalInputs
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.speculative.spec_info import Draft
 
@@ -112,17 +113,30 @@ class Req:
     lora_pinned: bool = False
     lora_released: bool = False
 
+    # images (multimodal/mm_inputs.py): their spans in origin_input_ids hold pad values above the vocabulary
+    mm_inputs: MultimodalInputs | None = None
+    vocab_size: int = 0  # where pad values start (set with mm_inputs)
+
     @classmethod
     def from_input(cls, recv: Any, eos_token_ids: tuple[int, ...], deadline: float | None, reuse_prefix: bool,
-                   lora_name: str | None, lora_uid: int) -> Req:
+                   lora_name: str | None, lora_uid: int, vocab_size: int = 0) -> Req:
         """A request as the scheduler admits it, from its TokenizedGenerateReqInput."""
         return cls(rid=recv.rid, origin_input_ids=list(recv.input_ids), sampling_params=recv.sampling_params,
                    return_logprob=recv.return_logprob, top_logprobs_num=recv.top_logprobs_num,
                    return_prompt_logprob=recv.return_prompt_logprob, stream=recv.stream, priority=recv.priority,
                    eos_token_ids=eos_token_ids, deadline=deadline, reuse_prefix=reuse_prefix,
-                   lora_name=lora_name, lora_uid=lora_uid, token_ids_logprob=recv.token_ids_logprob)
+                   lora_name=lora_name, lora_uid=lora_uid, token_ids_logprob=recv.token_ids_logprob,
+                   mm_inputs=recv.mm_inputs, vocab_size=vocab_size)
 
     # ------------------------------------------------------------------ state
+    @property
+    def vocab_input_ids(self) -> list[int]:
+        """origin_input_ids as vocabulary ids (image spans read as the image token): what penalties and prompt
+        logprobs index the vocabulary with."""
+        if self.mm_inputs is None:
+            return self.origin_input_ids
+        return self.mm_inputs.to_vocab(self.origin_input_ids, self.vocab_size)
+
     def past_deadline(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline and not self.finished() and not self.to_abort
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
+from radixserve.multimodal.image_loader import MediaLimits, load_images
+from radixserve.multimodal.mm_inputs import MultimodalInputs
 from radixserve.parser.reasoning_args import check_thinking_budget
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
@@ -105,9 +107,14 @@ def check_tokenized(req: TokenizedGenerateReqInput, limits: RequestLimits) -> No
     ids = req.input_ids
     if not ids:
         raise ValueError("prompt: the prompt is empty")
-    bad = next((t for t in ids if not (_is_int(t) and 0 <= t < limits.vocab_size)), None)
-    if bad is not None:
-        raise ValueError(f"input_ids: token id {bad!r} is outside the vocabulary [0, {limits.vocab_size})")
+    if req.mm_inputs is None:
+        bad = next((t for t in ids if not (_is_int(t) and 0 <= t < limits.vocab_size)), None)
+        if bad is not None:
+            raise ValueError(f"input_ids: token id {bad!r} is outside the vocabulary [0, {limits.vocab_size})")
+    else:
+        if not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError("input_ids: must be non-negative integers")
+        req.mm_inputs.check(ids, limits.vocab_size)  # image spans hold their pad values, the rest is vocabulary
     if len(ids) >= limits.max_req_len:
         raise ValueError(
             f"prompt: {len(ids)} tokens is longer than {limits.limit_name()} allows, including at least "
@@ -147,9 +154,13 @@ def check_token_ids_logprob(ids: Any, limits: RequestLimits) -> None:
 
 
 class RequestNormalizer:
-    def __init__(self, tokenizer: Any, limits: RequestLimits) -> None:
+    def __init__(self, tokenizer: Any, limits: RequestLimits, mm_processor: Any = None,
+                 media_limits: MediaLimits | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        # a vision-language model's processor (multimodal/processors/); None: image inputs are refused
+        self.mm_processor = mm_processor
+        self.media_limits = media_limits or MediaLimits()
 
     # ------------------------------------------------------------------ prompts
     def tokenize(self, text: Any, add_special_tokens: bool = True) -> list[int]:
@@ -182,6 +193,39 @@ class RequestNormalizer:
                 raise ValueError("input_ids: must be a list of integers (or a list of such lists)")
         return [list(x) for x in lists], is_batch
 
+    def images(self, obj: GenerateReqInput, prompts: list[list[int]], is_batch: bool
+               ) -> tuple[list[list[int]], list[MultimodalInputs | None]]:
+        """Each prompt's ids with its image placeholders expanded, and its images (None: a text prompt)."""
+        data = obj.image_data
+        if data is None:
+            return prompts, [None] * len(prompts)
+        if self.mm_processor is None:
+            raise ValueError("image_data: this model takes no images (serve a vision-language model to send them)")
+        if not isinstance(data, list):
+            data = [data]
+        if not is_batch:
+            data = [data]
+        elif not all(isinstance(d, list) for d in data):
+            raise ValueError("image_data: a batch of prompts takes one list of images per prompt")
+        if len(data) != len(prompts):
+            raise ValueError(f"image_data: {len(data)} image lists given for {len(prompts)} prompts")
+        total, most = sum(len(d) for d in data), self.media_limits.max_images_per_request
+        if total > most:  # the whole call, not each prompt: a batch must not multiply the bound
+            raise ValueError(f"image_data: {total} images in one request; at most {most} are allowed "
+                             "(--max-images-per-request)")
+        out_ids: list[list[int]] = []
+        out_mm: list[MultimodalInputs | None] = []
+        for ids, sources in zip(prompts, data):
+            if not sources:
+                out_ids.append(ids)
+                out_mm.append(None)
+                continue
+            images = load_images(sources, self.media_limits)
+            ids, mm = self.mm_processor.process(ids, images)
+            out_ids.append(ids)
+            out_mm.append(mm)
+        return out_ids, out_mm
+
     def _check_count(self, n: int) -> None:
         if n == 0:
             raise ValueError("prompt: the batch is empty")
@@ -212,6 +256,7 @@ class RequestNormalizer:
         """-> (sub-requests in prompt x n order, is_batch). Every sub-request is validated before
         any is returned, so a bad item rejects the whole call before anything is scheduled."""
         prompts, is_batch = self.prompts(obj)
+        prompts, mms = self.images(obj, prompts, is_batch)
         sp = obj.sampling_params
         if isinstance(sp, list):
             if len(sp) != len(prompts):
@@ -228,7 +273,7 @@ class RequestNormalizer:
         if _is_number(obj.timeout) and self.limits.default_timeout is not None:
             timeout = min(obj.timeout, self.limits.default_timeout)  # a request may only shorten it
         subs: list[TokenizedGenerateReqInput] = []
-        for ids, p in zip(prompts, params):
+        for ids, p, mm in zip(prompts, params, mms):
             for j in range(p.n):
                 # n > 1: independent samples; seed + j keeps seeded runs reproducible.
                 q = SamplingParams.from_dict({**p.to_dict(), "n": 1, "seed": None if p.seed is None else p.seed + j})
@@ -245,6 +290,7 @@ class RequestNormalizer:
                     parent_rid=None if total == 1 else rid,
                     lora_path=obj.lora_path,
                     token_ids_logprob=obj.token_ids_logprob,
+                    mm_inputs=mm,
                 )
                 if j == 0:  # the samples of one prompt differ only in their seed
                     check_tokenized(sub, self.limits)

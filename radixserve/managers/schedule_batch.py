@@ -32,6 +32,7 @@ from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.mem_cache.request_slots import RequestSlots
 from radixserve.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from radixserve.multimodal.mm_inputs import MultimodalInputs
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.spec_info import Draft, VerifyInput
 
@@ -241,13 +242,13 @@ class ScheduleBatch:
                        for r, w in zip(self.reqs, widths) for j in range(w)]
         prompts = None
         if any(p.repetition_penalty != 1.0 for p in req_params):  # it covers the prompt too (vLLM / HF)
-            prompts = [r.origin_input_ids for r, w in zip(self.reqs, widths) for _ in range(w)]
+            prompts = [r.vocab_input_ids for r, w in zip(self.reqs, widths) for _ in range(w)]
         return_logprob = any(r.return_logprob for r in self.reqs)
         targets: list[list[int] | None] = []
         for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
             # prompt logprobs: the token after each computed prompt position
             want = r.return_prompt_logprob and not r.output_ids and self.forward_mode.is_extend() and not verify
-            targets.append(r.origin_input_ids[p + 1 : s + 1] if want else None)
+            targets.append(r.vocab_input_ids[p + 1 : s + 1] if want else None)
         return ModelWorkerBatch(
             forward_mode=self.forward_mode,
             input_ids=list(self.input_ids),
@@ -268,7 +269,16 @@ class ScheduleBatch:
             vocab_mask=self.vocab_mask(),
             num_extend_reqs=self.num_extend_reqs if self.forward_mode.is_mixed() else None,
             lora_uids=[r.lora_uid for r in self.reqs] if any(r.lora_uid for r in self.reqs) else None,
+            mm_inputs=self._mm_inputs(),
         )
+
+    def _mm_inputs(self) -> list[MultimodalInputs | None] | None:
+        """Per request, its images when this step computes some of their tokens; None when none does."""
+        if self.forward_mode.is_decode() or not any(r.mm_inputs is not None for r in self.reqs):
+            return None
+        out = [r.mm_inputs if r.mm_inputs is not None and r.mm_inputs.overlaps(p, s) else None
+               for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens)]
+        return out if any(m is not None for m in out) else None
 
     def vocab_mask(self) -> torch.Tensor | None:
         """The batch's grammar bitmask, a row per sampled position; None when nothing is constrained.

@@ -34,6 +34,7 @@ from radixserve.managers.schedule_batch import ScheduleBatch
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
 from radixserve.managers.server_info import server_info
 from radixserve.mem_cache.hiradix_cache import make_tree_cache
+from radixserve.mem_cache.multimodal_cache import encoder_cache_info
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader import get_tokenizer
 from radixserve.parser.thinking_gate import gate_for
@@ -106,7 +107,8 @@ class Scheduler:
             return ReqOutput.rejected(recv.rid, str(e), 404 if isinstance(e, LoRANotFound) else 400)
         req = Req.from_input(recv, tuple(self.model_config.eos_token_ids),
                              None if recv.timeout is None else self.now() + recv.timeout,
-                             self.embedding is None or self.embedding.reuse_prefix, lora_name, lora_uid)
+                             self.embedding is None or self.embedding.reuse_prefix, lora_name, lora_uid,
+                             self.model_config.vocab_size)
         self.stats["prompt_tokens"] += len(req.origin_input_ids)
         # reasoning: the thinking gate takes the grammar slot (its own grammar joins it once compiled)
         req.thinking = req.grammar = gate_for(req.sampling_params, self.tokenizer, self.model_config.vocab_size)
@@ -390,7 +392,7 @@ class Scheduler:
             expert_load=self.expert_load, failed_forward_streak=self.failed_forward_streak,
             deterministic_inference=runner.deterministic, generation_tokens=self.output_processor.generated_tokens,
             context_len=self.model_config.context_len, step_time_s=self.step_time_s, forward_timers=runner.timers,
-            cache_tiers=self.tree_cache.info())
+            cache_tiers={**self.tree_cache.info(), **encoder_cache_info(runner.model)})
 
     def get_steps(self, since: int, rid: str | None = None, limit: int = MAX_STEPS_PER_SNAPSHOT) -> dict:
         """The step log's records after step `since` (StepLog.snapshot), with the queue counts shown beside them."""

@@ -36,6 +36,8 @@ from radixserve.managers.io_struct import (
 )
 from radixserve.managers.request_normalizer import RequestLimits, RequestNormalizer
 from radixserve.managers.server_info import merge_replica_infos
+from radixserve.multimodal.image_loader import MediaLimits
+from radixserve.multimodal.processors import get_mm_processor
 from radixserve.server_args import ServerArgs
 
 
@@ -87,7 +89,9 @@ class TokenizerManager:
         self.hidden_size: int = info.get("hidden_size", 0)  # an embedding's size (/v1/embeddings `dimensions`)
         self.num_labels: int = info.get("num_labels", 0)  # a sequence classifier's labels (rerank, score); 0: none
         self.limits = RequestLimits.build(server_args, self.context_len, self.vocab_size, self.max_total_num_tokens)
-        self.normalizer = RequestNormalizer(tokenizer, self.limits)
+        self.mm_processor = get_mm_processor(server_args.model_path, self.vocab_size)
+        self.normalizer = RequestNormalizer(tokenizer, self.limits, self.mm_processor,
+                                            MediaLimits.from_server_args(server_args))
         addresses = [to_scheduler] if isinstance(to_scheduler, str) else list(to_scheduler)
         self.router = DataParallelController(addresses, server_args.load_balance_method, self.max_total_num_tokens)
         # In flight = running (on every replica) + queued; beyond this a new request is a 429.

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from radixserve.lora.lora_batch import LoRABatch
     from radixserve.mem_cache.memory_pool import KVPool, ReqToTokenPool
     from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.multimodal.mm_inputs import MultimodalInputs
     from radixserve.sampling.sampling_params import SamplingParams
 
 
@@ -118,6 +119,9 @@ class ModelWorkerBatch:
     # LoRA: per request, the adapter registration its rows use (0 = the base model); None when no request
     # has one (lora/lora_manager.py: a uid, so an unload + reload of a name never mixes two adapters)
     lora_uids: list[int] | None = None
+    # images: per request, its MultimodalInputs when this step computes some of its image tokens, else None;
+    # None when no request's step does (multimodal/mm_embedding.py)
+    mm_inputs: list[MultimodalInputs | None] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -159,6 +163,7 @@ class ForwardBatch:
     lora_uids: list[int] | None = None  # LoRA: see ModelWorkerBatch
     # which adapter each token row uses and the delta the targeted projections add (None: base-only step)
     lora_batch: LoRABatch | None = None
+    mm_inputs: list[MultimodalInputs | None] | None = None  # see ModelWorkerBatch
     # the runner's kernel choices (low-bit copies and their row cap, batch-invariant), fixed at load
     kernel_mode: KernelMode = EXACT
     attn_backend: Any = None
@@ -239,6 +244,7 @@ class ForwardBatch:
             return_probs=batch.return_probs,
             lora_uids=batch.lora_uids,
             lora_batch=model_runner.lora_batch_for(batch.lora_uids, extend_cpu),
+            mm_inputs=batch.mm_inputs,
             kernel_mode=model_runner.kernel_mode,
             attn_backend=model_runner.attn_backend,
         )

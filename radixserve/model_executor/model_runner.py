@@ -57,11 +57,12 @@ from radixserve.lora.lora_batch import LoRABatch
 from radixserve.lora.runner_setup import lora_batch_for, make_lora_manager
 from radixserve.mem_cache.kv_quant import KV_FP8, KV_INT8, kv_row_width
 from radixserve.mem_cache.memory_pool import KVPool
+from radixserve.mem_cache.multimodal_cache import MultiModalCache
 from radixserve.mem_cache.swa_memory_pool import SWAKVPool, plan_swa
-from radixserve.model_executor.memory_pools import init_memory_pools
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch, PPProxyTensors
 from radixserve.model_executor.memory_budget import plan_runner_memory
+from radixserve.model_executor.memory_pools import init_memory_pools
 from radixserve.model_executor.pipeline_stage import PipelineStage
 from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
 from radixserve.model_executor.sample_logprobs import add_logprobs
@@ -208,6 +209,8 @@ class ModelRunner:
         cls = get_model_class(self.model_config.architecture)
         # empty parameters: nothing is resident until a loader writes it (the GGUF low-bit path never does)
         self.model = cls(self.model_config, self.parallel_state).to(dtype=self.act_dtype)
+        if self.model_config.mm_config is not None:  # a vision-language model: its tower's outputs by image
+            self.model.encoder_cache = MultiModalCache(int(self.server_args.mm_encoder_cache_mb * 2**20))
         # a pipeline stage reads only its tensors
         keep = self.model.holds_checkpoint_tensor if self.pp_size > 1 else None
         # the memory budget, checked before any weight is read (model_executor/memory_budget.py)

@@ -6,11 +6,12 @@ into an HF-style dict, so there is one place that knows about defaults and legac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixserve.model_loader.classifier_config import classifier_fields
 from radixserve.model_loader.moe_config import MOE_SPECS, moe_fields
+from radixserve.model_loader.vlm_config import VISION_ARCHITECTURES, text_config
 
 # model_type -> architecture, for configs that lack an `architectures` list.
 _ARCH_FROM_MODEL_TYPE = {
@@ -147,6 +148,9 @@ class ModelConfig:
     # a *ForSequenceClassification checkpoint: its `score` head's labels, in place of the LM head (0: a language
     # model); served with --is-embedding, the last token's logits over them (rerank and score)
     num_labels: int = 0
+    # a vision-language model: the whole HF config (vision_config, projector, image token); the other fields
+    # describe its text decoder. None: text only
+    mm_config: dict | None = field(default=None, compare=False, repr=False)
 
     def layer_window(self, layer_id: int) -> int | None:
         """The sliding window of layer `layer_id` (None: global attention)."""
@@ -170,6 +174,11 @@ class ModelConfig:
         required field is missing or malformed, or names an arithmetic key this architecture does not
         implement.
         """
+        if _architecture(cfg) in VISION_ARCHITECTURES:  # the text decoder's ModelConfig, carrying the whole config
+            # the outer config's stop tokens (from generation_config.json and the tokenizer) hold for the text
+            text = {**text_config(cfg), "eos_token_id": list(merge_token_ids(cfg["text_config"].get("eos_token_id"),
+                                                                             cfg.get("eos_token_id")))}
+            return replace(cls.from_hf_config(text, context_length), architecture=_architecture(cfg), mm_config=cfg)
         architecture, num_labels = classifier_fields(_architecture(cfg), cfg)
         spec = ARCH_SPECS.get(architecture)
         if spec is None:

@@ -248,10 +248,10 @@ class DecoderModel(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
-        pp_proxy: PPProxyTensors | None = None,
+        pp_proxy: PPProxyTensors | None = None, input_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | PPProxyTensors:
-        if pp_proxy is None:
-            x, residual = self.embed(input_ids), None
+        if pp_proxy is None:  # input_embeds: a vision-language model's, image rows in (multimodal/mm_embedding.py)
+            x, residual = (self.embed(input_ids) if input_embeds is None else input_embeds), None
         else:
             x, residual = pp_proxy.hidden_states, pp_proxy.residual
         for i in self.stage_layers:
@@ -273,8 +273,8 @@ class CausalLM(nn.Module):
         (".gate_proj.", ".gate_up_proj.", 0),
         (".up_proj.", ".gate_up_proj.", 1),
     ]
-    # checkpoints that store a stacked parameter fused (Phi-3): split into its shards before loading
-    fused_checkpoint_params: tuple[str, ...] = ()
+    fused_checkpoint_params: tuple[str, ...] = ()  # stored fused (Phi-3): split into shards before loading
+    non_text_prefixes: tuple[str, ...] = ()  # outside the text decoder (a vision tower): the subclass loads them
 
     def __init__(self, cfg: ModelConfig, ps: ParallelState) -> None:
         super().__init__()
@@ -363,7 +363,7 @@ class CausalLM(nn.Module):
         yield name, tensor, None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters(remove_duplicate=False))
+        params = {n: p for n, p in self.named_parameters(remove_duplicate=False) if not n.startswith(self.non_text_prefixes)}
         # norms whose checkpoint stores w for a layer that multiplies by (offset + w) (Gemma: 1 + w)
         norm_params = {f"{n}.weight" for n, m in self.named_modules() if isinstance(m, RMSNorm)}
         loaded: set[str] = set()

@@ -21,6 +21,8 @@ MODEL_REGISTRY: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("radixserve.models.moe", "Qwen2MoeForCausalLM"),
     "OlmoeForCausalLM": ("radixserve.models.moe", "OlmoeForCausalLM"),
     "MixtralForCausalLM": ("radixserve.models.moe", "MixtralForCausalLM"),
+    # vision-language (model_config.VISION_ARCHITECTURES): a tower and projector beside a text decoder above
+    "LlavaForConditionalGeneration": ("radixserve.models.vision.llava", "LlavaForConditionalGeneration"),
 }
 
 

@@ -68,6 +68,10 @@ def check_same_vocabulary(args: ServerArgs, target: ModelRunner, draft_path: str
     """Start-up: the draft must score the target's token ids. Its vocabulary size must match, and when it
     brings a tokenizer of its own, the same token -> id map."""
     name = "ServerArgs.speculative_draft_model_path"
+    if target.model_config.mm_config is not None:
+        # the draft would have to embed the image spans too: it has no tower
+        raise ValueError(f"{name}: a draft model cannot follow a vision-language target; use "
+                         "--speculative-algorithm ngram (its drafts stop at image spans)")
     if not os.path.exists(draft_path):
         raise ValueError(f"{name}: {draft_path!r} does not exist")
     cfg = get_model_config(draft_path)

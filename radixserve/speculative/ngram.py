@@ -64,4 +64,13 @@ class NgramProposer(DraftProposer):
         return idx
 
     def propose(self, reqs: list[Req], lens: list[int]) -> list[Draft]:
-        return [Draft(self._index(r).propose(k)) if k > 0 else Draft() for r, k in zip(reqs, lens)]
+        return [Draft(_before_image(self._index(r).propose(k), r)) if k > 0 else Draft() for r, k in zip(reqs, lens)]
+
+
+def _before_image(tokens: list[int], req: Req) -> list[int]:
+    """A draft copied from the prompt ends where an image span begins: a pad id is not a token the model can
+    emit (multimodal/mm_inputs.py)."""
+    if req.mm_inputs is None:
+        return tokens
+    cut = next((i for i, t in enumerate(tokens) if t >= req.vocab_size), len(tokens))
+    return tokens[:cut]

@@ -206,7 +206,10 @@ BAD = [  # (body, status, Anthropic error type, what the message names)
     ({**GOOD, "messages": "hi"}, 400, "invalid_request_error", "messages"),
     ({**GOOD, "messages": [{"role": "user", "content": [1]}]}, 400, "invalid_request_error", "messages.0.content.0"),
     ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
-     "invalid_request_error", "image blocks are not supported by this model yet"),
+     "invalid_request_error", "messages.0.content.0.source.type"),
+    ({**GOOD, "messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, 400,
+     "invalid_request_error", "this model takes no images"),
     ({**GOOD, "messages": [*ASK, {"role": "assistant", "content": "The"}]}, 400, "invalid_request_error", "prefill"),
     ({**GOOD, "messages": [{"role": "user", "content": "x" * 5_000_000}]}, 400, "invalid_request_error", "messages"),
     ({**GOOD, "temperature": 7}, 400, "invalid_request_error", "temperature"),

@@ -164,7 +164,10 @@ def test_list_show_ps_version_and_probes(server, http) -> None:
     ({"model": "default", "messages": MSGS, "think": True}, 400, "think: this server splits no thinking"),
     ({"model": "default", "prompt": "hi", "template": "{{ .Prompt }}"}, 400, "template"),
     ({"model": "default", "prompt": "hi", "context": [1, 2]}, 400, "context"),
-    ({"model": "default", "prompt": "hi", "images": ["aGk="]}, 400, "images"),
+    ({"model": "default", "prompt": "hi", "images": ["aGk="]}, 400, "takes no images"),
+    ({"model": "default", "prompt": "hi", "images": ["aGk="], "raw": True}, 400, "images: a raw prompt"),
+    ({"model": "default", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400,
+     "takes no images"),
     ({"model": "default", "prompt": "hi", "raw": True, "system": "x"}, 400, "system"),
     ({"model": "default", "prompt": "a" * 5_000_000}, 400, "prompt"),
 ])

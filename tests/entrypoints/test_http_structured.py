@@ -155,7 +155,7 @@ def test_the_chat_template_renders_tool_messages(structured_server) -> None:
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "pattern"),
     ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools", "128"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-     "messages", "only text parts"),
+     "messages", "takes no images"),
     ({"messages": [{"role": "tool", "content": "3"}]}, "messages", "tool_call_id"),
     ({"functions": [{"name": "f"}]}, "functions", "use tools"),
     ({"json_schema": "x" * 100_001}, "json_schema", "characters"),

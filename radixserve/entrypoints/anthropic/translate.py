@@ -31,8 +31,7 @@ UNSUPPORTED = {
     "output_config": "output_config (effort, structured output format) is not supported",
     "output_format": "structured output formats are not supported",
 }
-_NO_IMAGES = "image blocks are not supported by this model yet (it reads text only)"
-_REFUSED_BLOCKS = {"image": _NO_IMAGES, "document": "document blocks are not supported (send the text)"}
+_REFUSED_BLOCKS = {"document": "document blocks are not supported (send the text)"}
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")  # the chat route's rule for function names
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -101,13 +100,31 @@ def _assistant(blocks: list[dict[str, Any]], where: str, ids: set[str]) -> dict[
     return {"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls or None}
 
 
+def _image_part(block: dict[str, Any], at: str) -> dict[str, Any]:
+    """An image block as the chat route's image_url part (the chat route decodes it, or refuses it for a text
+    model): source base64 -> a data: URI, source url -> the URL."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise bad(f"{at}.source", "required (an object: base64 with media_type and data, or url)")
+    if source.get("type") == "base64":
+        media, data = _string(source, "media_type", f"{at}.source"), _string(source, "data", f"{at}.source")
+        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
+    if source.get("type") == "url":
+        return {"type": "image_url", "image_url": {"url": _string(source, "url", f"{at}.source")}}
+    raise bad(f"{at}.source.type", f"must be base64 or url, got {source.get('type')!r}")
+
+
 def _user(blocks: list[dict[str, Any]], where: str, ids: set[str]) -> list[dict[str, Any]]:
     texts, out = [], []
+    images = False
     for j, block in enumerate(blocks):
         at = f"{where}.{j}"
         kind = _block_type(block, at)
         if kind == "text":
-            texts.append(_string(block, "text", at))
+            texts.append({"type": "text", "text": _string(block, "text", at)})
+        elif kind == "image":
+            texts.append(_image_part(block, at))
+            images = True
         elif kind == "tool_result":
             call_id = _string(block, "tool_use_id", at)
             if call_id not in ids:
@@ -117,9 +134,9 @@ def _user(blocks: list[dict[str, Any]], where: str, ids: set[str]) -> list[dict[
                 text = f"Error: {text}"
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
         else:
-            raise bad(f"{at}.type", f"a user message holds text or tool_result blocks, got {kind!r}")
-    if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
+            raise bad(f"{at}.type", f"a user message holds text, image or tool_result blocks, got {kind!r}")
+    if texts or not out:  # parts only where an image is among them: a text model's template reads a string
+        out.append({"role": "user", "content": texts if images else "".join(p["text"] for p in texts)})
     return out
 
 

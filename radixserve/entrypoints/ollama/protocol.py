@@ -3,8 +3,9 @@
 
 As in openai_protocol.py, the models check types only (a wrong type is a 400 naming the field); values are
 checked where they are translated (options.py) or by the pipeline's one normaliser. Unknown top-level fields
-are ignored, as Ollama's own server ignores them; Ollama fields this server does not implement (images,
-template, context, suffix, think levels, ...) are refused by name in serving.py.
+are ignored, as Ollama's own server ignores them; Ollama fields this server does not implement (template,
+context, suffix, think levels, ...) are refused by name in serving.py. `images` go to a vision-language model
+(a text model refuses them).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Message(_Request):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     thinking: str | None = None  # an earlier answer's thinking: not sent to the template (docs/serving.md)
-    images: list[str] | None = None  # refused: a text model
+    images: list[str] | None = None  # base64 images (ollama/translate.with_images); a text model refuses them
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None  # a tool message: the function whose result it carries
 
@@ -64,7 +65,7 @@ class GenerateRequest(_GenerationFields):
     suffix: str | None = None  # refused unless empty (fill-in-the-middle needs a template this server lacks)
     template: str | None = None  # refused: the server's chat template is the one used
     context: list[int] | None = None  # refused: the deprecated token-context continuation
-    images: list[str] | None = None  # refused: a text model
+    images: list[str] | None = None  # base64 images, as on a chat message
 
 
 class EmbedRequest(_Request):

@@ -35,6 +35,7 @@ from radixserve.entrypoints.ollama.translate import (
     openai_messages,
     renamed,
     tool_calls,
+    with_images,
 )
 from radixserve.entrypoints.openai_protocol import ChatCompletionRequest, CompletionRequest
 from radixserve.entrypoints.openai_serving import APIError, parse_body
@@ -170,6 +171,8 @@ class OllamaServing:
                 raise APIError(400, "system: a raw prompt takes no system prompt (no template is applied)", "system")
             if req.think:
                 raise APIError(400, "think: a raw prompt has no template to open or close the thinking", "think")
+            if req.images:
+                raise APIError(400, "images: a raw prompt has no template to place the images (drop raw)", "images")
             openai = {"model": base, "prompt": self._raw_ids(req.prompt, req.options), **self._common(req, stream, False)}
             openai.setdefault("max_tokens", None)
             if openai["max_tokens"] is None:  # Ollama's default: until EOS or the context is full
@@ -177,7 +180,7 @@ class OllamaServing:
             serving, kind, read = self.completions, CompletionRequest, _completion_reader(req.top_logprobs or 0)
         else:
             messages = ([{"role": "system", "content": req.system}] if req.system else []) + [
-                {"role": "user", "content": req.prompt}]
+                {"role": "user", "content": with_images(req.prompt, req.images)}]
             openai = {"model": base, "messages": messages, **self._common(req, stream, True)}
             serving, kind, read = self.chat_serving, ChatCompletionRequest, _read_chat_chunk
         run = await self._run(serving, openai, kind, request, _GENERATE_RENAMES)
@@ -212,8 +215,6 @@ class OllamaServing:
         if req.context:
             raise APIError(400, "context: the deprecated token context is not supported; send the conversation "
                            "to /api/chat", "context")
-        if req.images:
-            raise APIError(400, "images: images are not supported (a text model)", "images")
 
     def _raw_ids(self, prompt: str, options: dict[str, Any] | None) -> list[int]:
         """A raw prompt's tokens (as /v1/completions would read the text), so that an absent num_predict can

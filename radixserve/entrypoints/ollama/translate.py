@@ -29,9 +29,7 @@ def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     unanswered: list[tuple[str, str]] = []  # (call id, function name), oldest first
     for k, m in enumerate(messages):
-        if m.images:
-            raise APIError(400, f"messages.{k}.images: images are not supported (a text model)", "messages")
-        d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        d: dict[str, Any] = {"role": m.role, "content": with_images(m.content or "", m.images)}
         if m.tool_calls:
             if m.role != "assistant":
                 raise APIError(400, f"messages.{k}.tool_calls: only an assistant message makes tool calls",
@@ -135,3 +133,14 @@ def renamed(e: APIError, renames: dict[str, str]) -> APIError:
     for old in [name for name, to in renames.items() if to == new]:  # max_tokens and max_new_tokens alike
         message = re.sub(rf"\b{re.escape(old)}\b", new, message, count=1)
     return APIError(e.status, message, new, e.code, e.headers)
+
+
+def with_images(text: str, images: list[str] | None) -> str | list[dict[str, Any]]:
+    """Ollama's `images` (base64, no data: prefix) as the chat route's parts: the images, then the text, as
+    Ollama's own templates place them. The chat route decodes them (the content decides the format), or refuses
+    them for a text model."""
+    if not images:
+        return text
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": f"data:image/*;base64,{b64}"}}
+                                   for b64 in images]
+    return [*parts, {"type": "text", "text": text}]

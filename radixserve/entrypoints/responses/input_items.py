@@ -14,7 +14,7 @@ from radixserve.entrypoints.openai_serving import APIError
 from radixserve.entrypoints.responses.protocol import INPUT_ITEMS
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+_MEDIA_PARTS = ("input_file", "input_audio")
 
 
 def _bad(where: str, why: str) -> APIError:
@@ -42,21 +42,31 @@ def check_items(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
-def _text(content: str | list[dict[str, Any]], where: str) -> str:
-    """A content string or its parts' text; media parts are refused (a text model)."""
+def _text(content: str | list[dict[str, Any]], where: str) -> str | list[dict[str, Any]]:
+    """A content string or its parts' text; with an input_image part, the chat route's parts (text and
+    image_url, in order), which it decodes, or refuses for a text model. Files and audio are refused."""
     if isinstance(content, str):
         return content
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type")
         if kind in _MEDIA_PARTS:
-            raise _bad(f"{where}.{j}.type", f"{kind} is not supported (this server serves a text model)")
+            raise _bad(f"{where}.{j}.type", f"{kind} is not supported (text and input_image parts)")
+        if kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise _bad(f"{where}.{j}.image_url", "required: a data: URI, or a URL or file the server allows "
+                           "(file_id is not supported)")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            continue
         if kind not in _TEXT_PARTS:
-            raise _bad(f"{where}.{j}.type", f"{kind!r} is not supported (input_text or output_text)")
+            raise _bad(f"{where}.{j}.type", f"{kind!r} is not supported (input_text, output_text or input_image)")
         if not isinstance(part.get("text"), str):
             raise _bad(f"{where}.{j}.text", "must be a string")
-        texts.append(part["text"])
-    return "".join(texts)
+        parts.append({"type": "text", "text": part["text"]})
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def to_messages(instructions: str | None, history: list[dict[str, Any]],

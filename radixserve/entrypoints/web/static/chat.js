@@ -7,6 +7,7 @@ import { ApiError, el, fmtInt, isAbort, streamEvents } from './api.js';
 const $ = (id) => document.getElementById(id);
 const history = [];  // {role, content, node}: what the next request sends (after the system prompt)
 let controller = null;  // the AbortController of the answer being streamed
+const pending = [];  // data: URIs of the images attached to the next message
 
 function readParams() {
   const num = (id, parse) => {
@@ -29,13 +30,14 @@ function readParams() {
   return params;
 }
 
-function addMessage(role, content) {
+function addMessage(role, content, images = []) {
   const body = el('div', { class: 'content', text: content });
+  const thumbs = images.length ? el('div', { class: 'images' }, ...images.map((src) => el('img', { class: 'thumb', src, alt: 'image' }))) : null;
   const node = el('div', { class: `msg msg-${role}`, 'data-role': role },
-    el('div', { class: 'role', text: role === 'user' ? 'you' : 'assistant' }), body);
+    el('div', { class: 'role', text: role === 'user' ? 'you' : 'assistant' }), thumbs, body);
   $('messages').append(node);
   node.scrollIntoView({ block: 'end' });
-  const msg = { role, content, node, body };
+  const msg = { role, content, images, node, body };
   history.push(msg);
   return msg;
 }
@@ -86,7 +88,7 @@ function usageLine(msg, stats) {
 async function answer() {
   const system = $('system-prompt').value.trim();
   const messages = system ? [{ role: 'system', content: system }] : [];
-  for (const m of history) if (!m.failed) messages.push({ role: m.role, content: m.content });
+  for (const m of history) if (!m.failed) messages.push({ role: m.role, content: messageContent(m) });
   const body = { model: 'default', messages, stream: true, stream_options: { include_usage: true }, ...readParams() };
   const msg = addMessage('assistant', '');
   msg.node.dataset.state = 'streaming';
@@ -135,13 +137,35 @@ async function answer() {
   }
 }
 
+// OpenAI content parts when the message has images (the images first, as LLaVA-style templates place them)
+function messageContent(m) {
+  if (!m.images || !m.images.length) return m.content;
+  return [...m.images.map((url) => ({ type: 'image_url', image_url: { url } })), { type: 'text', text: m.content }];
+}
+
+function showAttachments() {
+  const box = $('attachments');
+  box.replaceChildren(...pending.map((src) => el('img', { class: 'thumb', src, alt: 'attached image' })));
+  box.hidden = pending.length === 0;
+}
+
+function attach(event) {
+  for (const file of event.target.files) {
+    const reader = new FileReader();
+    reader.onload = () => { pending.push(reader.result); showAttachments(); };
+    reader.readAsDataURL(file);
+  }
+  event.target.value = '';  // the same file may be attached again
+}
+
 function send(event) {
   event.preventDefault();
   const input = $('chat-input');
   const text = input.value.trim();
-  if (!text || controller) return;
+  if ((!text && !pending.length) || controller) return;
   input.value = '';
-  addMessage('user', text);
+  addMessage('user', text, pending.splice(0));
+  showAttachments();
   answer();
 }
 
@@ -156,6 +180,8 @@ function regenerate() {
 function newChat() {
   if (controller) controller.abort();
   history.length = 0;
+  pending.length = 0;
+  showAttachments();
   $('messages').replaceChildren();
   showError('');
   setBusy(false);
@@ -167,6 +193,8 @@ export function initChat() {
     if (e.key === 'Enter' && !e.shiftKey) { e.preventDefault(); $('chat-form').requestSubmit(); }
   });
   $('stop').addEventListener('click', () => { if (controller) controller.abort(); });
+  $('attach').addEventListener('click', () => $('chat-image').click());
+  $('chat-image').addEventListener('change', attach);
   $('regenerate').addEventListener('click', regenerate);
   $('new-chat').addEventListener('click', newChat);
   setBusy(false);

@@ -1,0 +1,26 @@
+"""Per-model image processors, by the checkpoint's architecture name (lazy, like models/registry.py)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from radixserve.model_loader.hf import read_json
+from radixserve.multimodal.processors.base_processor import BaseMultimodalProcessor
+
+MM_PROCESSORS: dict[str, tuple[str, str]] = {
+    "LlavaForConditionalGeneration": ("radixserve.multimodal.processors.llava", "LlavaProcessor"),
+}
+
+
+def get_mm_processor(model_path: str | None, vocab_size: int) -> BaseMultimodalProcessor | None:
+    """The processor of a vision-language model folder; None for a text-only model (its image inputs are 400s)."""
+    if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
+        return None  # a GGUF file: text only until its mmproj file is read
+    cfg = read_json(os.path.join(model_path, "config.json"))
+    archs = cfg.get("architectures") or []
+    entry = MM_PROCESSORS.get(archs[0]) if archs else None
+    if entry is None:
+        return None
+    module, name = entry
+    return getattr(importlib.import_module(module), name)(model_path, cfg, vocab_size)

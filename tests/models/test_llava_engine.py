@@ -1,0 +1,165 @@
+"""LLaVA through the real scheduler (Engine) against transformers' LlavaForConditionalGeneration in float32 on
+the same tiny random weights: greedy tokens and logprobs with 1 and 2 images, with chunked prefill cutting an
+image span, with a radix hit on a repeated image (and a miss on another image), in one batch with a text-only
+request; and the refusals (placeholders vs images, a text-only model, absurd counts)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import radixserve
+
+IMAGE_TOKEN = 11  # SmolLM2's `<jupyter_start>`: one token of the default model's tokenizer stands in for <image>
+NEW = 8
+SPAN = 25  # (30 / 6)^2 patches, CLS dropped
+
+
+def make_tiny_llava(path) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    vc = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                                       image_size=30, patch_size=6, projection_dim=32)
+    tc = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = transformers.LlavaConfig(vision_config=vc, text_config=tc, image_token_index=IMAGE_TOKEN,
+                                   projector_hidden_act="gelu", vision_feature_layer=-2,
+                                   vision_feature_select_strategy="default")
+    transformers.LlavaForConditionalGeneration(cfg).save_pretrained(path)
+    transformers.CLIPImageProcessorPil(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}
+                                       ).save_pretrained(path)
+
+
+def image(seed: int, size: tuple[int, int] = (50, 40)) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llava") / "hf"
+    make_tiny_llava(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_llava):
+    """prompt ids (one IMAGE_TOKEN per image) + images -> transformers' greedy tokens and their logprobs."""
+    import transformers
+
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(tiny_llava, dtype=torch.float32).eval()
+    proc = transformers.CLIPImageProcessorPil.from_pretrained(tiny_llava)
+
+    def run(ids: list[int], images: list[Image.Image]) -> tuple[list[int], list[float]]:
+        expanded = [t for x in ids for t in ([IMAGE_TOKEN] * SPAN if x == IMAGE_TOKEN else [x])]
+        inputs = torch.tensor([expanded])
+        kwargs = {}
+        if images:
+            kwargs["pixel_values"] = proc(images=images, return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=NEW,
+                                 min_new_tokens=NEW, do_sample=False, pad_token_id=0, output_scores=True,
+                                 return_dict_in_generate=True, **kwargs)
+        tokens = out.sequences[0, len(expanded):].tolist()
+        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
+        return tokens, logprobs
+
+    return run
+
+
+def prompt(seed: int, n_images: int, length: int = 12) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(20, 49000, (length,), generator=g).tolist()
+    for k in range(n_images):
+        ids.insert(3 + 4 * k, IMAGE_TOKEN)
+    return ids
+
+
+GREEDY = {"max_new_tokens": NEW, "temperature": 0.0, "ignore_eos": True}
+
+
+@pytest.mark.parametrize("args", [
+    {}, {"chunked_prefill_size": 7},
+    {"page_size": 4, "mm_encoder_cache_mb": 0, "speculative_algorithm": "ngram", "speculative_num_draft_tokens": 3},
+], ids=["whole", "chunk-cuts-image", "paged-no-encoder-cache-ngram"])
+def test_greedy_tokens_and_logprobs_equal_transformers(tiny_llava, default_model_path, oracle, args) -> None:
+    a, b = image(1), image(2, (64, 48))
+    # the last prompt ends with the 3 tokens before its image: an n-gram draft would copy the image span
+    cases = [(prompt(0, 1), [a]), (prompt(1, 2), [a, b]), (prompt(2, 0), []), (prompt(3, 1) + prompt(3, 1)[:3], [b])]
+    refs = [oracle(ids, imgs) for ids, imgs in cases]
+    with radixserve.Engine(model_path=tiny_llava, tokenizer_path=default_model_path, max_total_tokens=2048,
+                           quantization="none", dtype="float32", check_invariants=True, show_progress=False,
+                           **args) as eng:
+        # one batch: a text-only request beside the image ones
+        outs = eng.generate(input_ids=[ids for ids, _ in cases], image_data=[imgs for _, imgs in cases],
+                            sampling_params=GREEDY, return_logprob=True)
+        # the same image again: its span comes from the radix cache; another image: a miss at its span
+        again = eng.generate(input_ids=cases[0][0], image_data=[a], sampling_params=GREEDY, return_logprob=True)
+        other = eng.generate(input_ids=cases[0][0], image_data=[b], sampling_params=GREEDY, return_logprob=True)
+        encoder = eng.get_server_info()["mm_encoder_cache"]
+    if args.get("mm_encoder_cache_mb") == 0:  # nothing kept: every step that computes a span runs the tower
+        assert encoder["images"] == 0 and encoder["hits"] == 0 and encoder["misses"] >= 5
+    else:  # each image encoded once, whatever the chunks and requests that read it
+        assert encoder["images"] == 2 and encoder["misses"] == 2 and encoder["hits"] >= 3
+    for out, (tokens, logprobs), (ids, imgs) in zip(outs, refs, cases):
+        assert out["output_ids"] == tokens
+        got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+        assert out["meta_info"]["prompt_tokens"] == len(ids) + (SPAN - 1) * len(imgs)  # image tokens count
+    assert again["output_ids"] == refs[0][0]
+    page = args.get("page_size", 1)
+    assert again["meta_info"]["cached_tokens"] >= (3 + SPAN) // page * page  # past the image span
+    ref_other = oracle(cases[0][0], [b])
+    assert other["output_ids"] == ref_other[0]
+    assert other["meta_info"]["cached_tokens"] <= 3  # the text before the image, not a's span
+
+
+def test_refusals(tiny_llava, default_model_path) -> None:
+    with radixserve.Engine(model_path=tiny_llava, tokenizer_path=default_model_path, max_total_tokens=1024,
+                           quantization="none", dtype="float32", show_progress=False,
+                           max_images_per_request=2) as eng:
+        with pytest.raises(ValueError, match="image_data: the prompt has 1 image placeholder"):
+            eng.generate(input_ids=prompt(0, 1), image_data=[image(1), image(2)], sampling_params=GREEDY)
+        with pytest.raises(ValueError, match="image_data: the prompt has 2 image placeholder"):
+            eng.generate(input_ids=prompt(0, 2), image_data=[image(1)], sampling_params=GREEDY)
+        with pytest.raises(ValueError, match="image"):  # the count bound, before anything is decoded
+            eng.generate(input_ids=prompt(0, 1), image_data=[b"x"] * 10**6, sampling_params=GREEDY)
+        with pytest.raises(ValueError, match="image 0"):
+            eng.generate(input_ids=prompt(0, 1), image_data=[b"not an image"], sampling_params=GREEDY)
+        # a pad value sent as a token id is not an image
+        with pytest.raises(ValueError, match="input_ids"):
+            eng.generate(input_ids=[1, 2, 49152 + 5], sampling_params=GREEDY)
+        # the server still serves
+        assert len(eng.generate(input_ids=prompt(0, 1), image_data=[image(1)], sampling_params=GREEDY)
+                   ["output_ids"]) == NEW
+
+
+def test_a_text_model_refuses_images(default_model_path) -> None:
+    from radixserve.managers.io_struct import GenerateReqInput
+    from radixserve.managers.request_normalizer import RequestLimits, RequestNormalizer
+    from radixserve.server_args import ServerArgs
+
+    limits = RequestLimits.build(ServerArgs(), 2048, 49152, 4096)
+    norm = RequestNormalizer(None, limits)
+    with pytest.raises(ValueError, match="image_data: this model takes no images"):
+        norm.normalize(GenerateReqInput(input_ids=[1, 2, 3], image_data=[image(1)]))
+
+
+def test_ngram_drafts_stop_at_an_image_span() -> None:
+    from radixserve.managers.req import Req
+    from radixserve.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs
+    from radixserve.sampling.sampling_params import SamplingParams
+    from radixserve.speculative.ngram import NgramProposer
+
+    pad = 100 + 7
+    ids = [5, 6, 7, 8, pad, pad, pad, 9, 5, 6]
+    mm = MultimodalInputs([MultimodalDataItem("image", 7, pad, 4, 3)], IMAGE_TOKEN)
+    req = Req("r", ids, SamplingParams(), mm_inputs=mm, vocab_size=100)
+    req.output_ids = [7]
+    assert NgramProposer(2, 8).propose([req], [4])[0].tokens == [8]  # [8, pad, pad, pad] cut at the span
+    text = Req("t", [5, 6, 7, 8, 1, 2, 3, 9, 5, 6], SamplingParams())
+    text.output_ids = [7]
+    assert NgramProposer(2, 8).propose([text], [4])[0].tokens == [8, 1, 2, 3]
