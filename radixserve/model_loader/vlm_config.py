@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-VISION_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration")
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ MODEL_REGISTRY: dict[str, tuple[str, str]] = {
     "MixtralForCausalLM": ("radixserve.models.moe", "MixtralForCausalLM"),
     # vision-language (model_config.VISION_ARCHITECTURES): a tower and projector beside a text decoder above
     "LlavaForConditionalGeneration": ("radixserve.models.vision.llava", "LlavaForConditionalGeneration"),
+    "Idefics3ForConditionalGeneration": ("radixserve.models.vision.idefics3", "Idefics3ForConditionalGeneration"),
 }
 
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Any
 
 from radixserve.model_loader.hf import read_json
 from radixserve.multimodal.processors.base_processor import BaseMultimodalProcessor
 
 MM_PROCESSORS: dict[str, tuple[str, str]] = {
     "LlavaForConditionalGeneration": ("radixserve.multimodal.processors.llava", "LlavaProcessor"),
+    "Idefics3ForConditionalGeneration": ("radixserve.multimodal.processors.idefics3", "Idefics3Processor"),
 }
 
 
-def get_mm_processor(model_path: str | None, vocab_size: int) -> BaseMultimodalProcessor | None:
+def get_mm_processor(model_path: str | None, vocab_size: int, tokenizer: Any) -> BaseMultimodalProcessor | None:
     """The processor of a vision-language model folder; None for a text-only model (its image inputs are 400s)."""
     if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
         return None  # a GGUF file: text only until its mmproj file is read
@@ -23,4 +25,4 @@ def get_mm_processor(model_path: str | None, vocab_size: int) -> BaseMultimodalP
     if entry is None:
         return None
     module, name = entry
-    return getattr(importlib.import_module(module), name)(model_path, cfg, vocab_size)
+    return getattr(importlib.import_module(module), name)(model_path, cfg, vocab_size, tokenizer)

@@ -2,40 +2,53 @@
 
 It runs where the prompt is tokenised (the TokenizerManager's process), so the scheduler receives plain
 tensors; the vision tower runs in the scheduler's process (models/vision/). A model's processor says only
-what differs: how many tokens an image becomes, the tensors its tower reads, and the ids around a span.
-transformers' image processors do the pixel work (resize, crop, normalise): they are the oracle anyway.
+what differs: what one image becomes (`expand`: text around one or more tiles, each a tower input with its run
+of image tokens). transformers' image processors do the pixel work (resize, split, normalise): they are the
+oracle anyway.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from PIL import Image
 
+from radixserve.model_loader.hf import read_json
 from radixserve.multimodal.image_loader import image_hash
 from radixserve.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs, pad_value
 
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass
+class ImageTile:
+    """One input of the vision tower (a whole image, or one crop of a split image) and its run of tokens."""
+
+    features: dict[str, torch.Tensor]
+    length: int
+
 
 class BaseMultimodalProcessor:
-    """Subclasses set `image_token_id` and implement `tokens_per_image` and `image_features`."""
+    """Subclasses set `image_token_id` and implement `expand`."""
 
     image_token_id: int
 
-    def __init__(self, model_path: str, hf_config: dict[str, Any], vocab_size: int) -> None:
+    def __init__(self, model_path: str, hf_config: dict[str, Any], vocab_size: int, tokenizer: Any) -> None:
         self.model_path = model_path
         self.hf_config = hf_config
         self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
 
-    def tokens_per_image(self, features: dict[str, torch.Tensor]) -> int:
-        raise NotImplementedError
-
-    def image_features(self, image: Image.Image) -> dict[str, torch.Tensor]:
+    def expand(self, image: Image.Image) -> list[list[int] | ImageTile]:
+        """What one image placeholder becomes: token ids and tiles, in prompt order."""
         raise NotImplementedError
 
     def process(self, ids: list[int], images: list[Image.Image]) -> tuple[list[int], MultimodalInputs]:
-        """Expand each image placeholder of `ids` (one `image_token_id` per image, in order) into its span of
-        pad values. Raises ValueError when the placeholders and the images do not pair up."""
+        """Expand each image placeholder of `ids` (one `image_token_id` per image, in order). Each tile becomes an
+        item whose span holds its pad value. Raises ValueError when the placeholders and the images do not pair."""
         where = [i for i, t in enumerate(ids) if t == self.image_token_id]
         if len(where) != len(images):
             raise ValueError(f"image_data: the prompt has {len(where)} image placeholder(s) for {len(images)} "
@@ -43,14 +56,36 @@ class BaseMultimodalProcessor:
         out: list[int] = []
         items: list[MultimodalDataItem] = []
         prev = 0
-        for k, (pos, image) in enumerate(zip(where, images)):
+        for pos, image in zip(where, images):
             out.extend(ids[prev:pos])
-            features = self.image_features(image)
-            n = self.tokens_per_image(features)
             h = image_hash(image)
-            pad = pad_value(self.vocab_size, h)
-            items.append(MultimodalDataItem("image", h, pad, len(out), n, features))
-            out.extend([pad] * n)
+            tiles = 0
+            for part in self.expand(image):
+                if isinstance(part, list):
+                    out.extend(part)
+                    continue
+                # a crop of an image is its own tower input: its hash says which image and which crop
+                th = h if tiles == 0 else (h ^ (tiles * 0x9E3779B97F4A7C15)) & _MASK63
+                pad = pad_value(self.vocab_size, th)
+                items.append(MultimodalDataItem("image", th, pad, len(out), part.length, part.features))
+                out.extend([pad] * part.length)
+                tiles += 1
             prev = pos + 1
         out.extend(ids[prev:])
         return out, MultimodalInputs(items, self.image_token_id)
+
+
+def image_processor(model_path: str) -> Any:
+    """The folder's transformers image processor (preprocessor_config.json), with the PIL backend, which needs
+    no torchvision."""
+    if not os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):
+        raise ValueError(f"{model_path} has no preprocessor_config.json: a vision-language model needs its image "
+                         "processor's settings (size, crop, mean, std)")
+    import transformers  # lazy: transformers' import is seconds; only a vision model's server pays it
+
+    cfg = read_json(os.path.join(model_path, "preprocessor_config.json"))
+    name = str(cfg.get("image_processor_type", "CLIPImageProcessor")).removesuffix("Fast").removesuffix("Pil")
+    cls = getattr(transformers, name + "Pil", None) or getattr(transformers, name, None)
+    if cls is None:
+        raise ValueError(f"{model_path}: image processor {name!r} is not in this transformers")
+    return cls.from_pretrained(model_path)

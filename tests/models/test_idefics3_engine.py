@@ -1,0 +1,85 @@
+"""Idefics3 / SmolVLM through the real scheduler (Engine) against transformers' Idefics3ForConditionalGeneration and
+Idefics3Processor in float32 on the same tiny random weights: a split image (2 x 2 crops + the global view, each a
+tower input), an unsplit one and two images in one prompt; with chunked prefill and radix hits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import radixserve
+from tests.models.test_llava_engine import image
+
+NEW = 8
+SPECIAL = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+           *[f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]]
+
+
+@pytest.fixture(scope="module")
+def tiny_idefics3(tmp_path_factory, default_model_path):
+    import transformers
+
+    from radixserve.model_loader import get_tokenizer
+
+    path = tmp_path_factory.mktemp("idefics3") / "hf"
+    tok = get_tokenizer(default_model_path)
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = transformers.Idefics3Config(
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 32, "patch_size": 4},
+        text_config=transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=1024),
+        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"))
+    transformers.Idefics3ForConditionalGeneration(cfg).save_pretrained(path)
+    proc = transformers.Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    proc.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_idefics3):
+    import transformers
+
+    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(tiny_idefics3, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_idefics3)
+    proc = transformers.Idefics3Processor(transformers.Idefics3ImageProcessorPil.from_pretrained(tiny_idefics3), tok,
+                                          image_seq_len=16)
+
+    def run(text: str, images: list) -> tuple[list[int], list[float], int]:
+        inputs = proc(text=[text], images=[images] if images else None, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                 output_scores=True, return_dict_in_generate=True)
+        n = inputs["input_ids"].shape[1]
+        tokens = out.sequences[0, n:].tolist()
+        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
+        return tokens, logprobs, n
+
+    return run
+
+
+GREEDY = {"max_new_tokens": NEW, "temperature": 0.0, "ignore_eos": True}
+
+
+@pytest.mark.parametrize("args", [{}, {"chunked_prefill_size": 11, "page_size": 4}], ids=["whole", "chunked-paged"])
+def test_greedy_tokens_and_logprobs_equal_transformers(tiny_idefics3, oracle, args) -> None:
+    wide, small = image(7, (80, 50)), image(8, (20, 24))  # split 2 x 2 (+ global); not split
+    cases = [("User:<image>Describe it.", [wide]), ("User: one<image>two<image>end", [small, wide]),
+             ("User: text only", [])]
+    refs = [oracle(text, imgs) for text, imgs in cases]
+    assert refs[0][2] > 5 * 16  # four crops and the global view, 16 tokens each
+    with radixserve.Engine(model_path=tiny_idefics3, max_total_tokens=4096, quantization="none", dtype="float32",
+                           check_invariants=True, show_progress=False, **args) as eng:
+        outs = eng.generate(prompt=[t for t, _ in cases], image_data=[imgs for _, imgs in cases],
+                            sampling_params=GREEDY, return_logprob=True)
+        again = eng.generate(prompt=cases[0][0], image_data=[wide], sampling_params=GREEDY)
+    for out, (tokens, logprobs, n) in zip(outs, refs):
+        assert out["output_ids"] == tokens
+        assert out["meta_info"]["prompt_tokens"] == n
+        got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+    assert again["output_ids"] == refs[0][0]
+    assert again["meta_info"]["cached_tokens"] >= refs[0][2] - 4  # every crop's span from the radix cache
