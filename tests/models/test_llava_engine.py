@@ -163,3 +163,17 @@ def test_ngram_drafts_stop_at_an_image_span() -> None:
     text = Req("t", [5, 6, 7, 8, 1, 2, 3, 9, 5, 6], SamplingParams())
     text.output_ids = [7]
     assert NgramProposer(2, 8).propose([text], [4])[0].tokens == [8, 1, 2, 3]
+
+
+def test_tensor_parallel_and_pipeline_stages_give_the_same_tokens(tiny_llava, default_model_path, oracle) -> None:
+    """tp 2 (the tower replicated on both ranks, the decoder split) and pp 2 (the tower on the first stage only)."""
+    a, b = image(1), image(2, (64, 48))
+    cases = [(prompt(0, 1), [a]), (prompt(1, 2), [a, b])]
+    refs = [oracle(ids, imgs)[0] for ids, imgs in cases]
+    for parallel in ({"tp_size": 2}, {"pp_size": 2}):
+        with radixserve.Engine(model_path=tiny_llava, tokenizer_path=default_model_path, max_total_tokens=1024,
+                               quantization="none", dtype="float32", check_invariants=True, show_progress=False,
+                               chunked_prefill_size=16, **parallel) as eng:
+            outs = eng.generate(input_ids=[ids for ids, _ in cases], image_data=[imgs for _, imgs in cases],
+                                sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == refs, parallel
