@@ -123,11 +123,14 @@ class BasePrefixCache(ABC):
         if window is None:
             return
         rtt = self.req_to_token_pool.req_to_token
+        gone = []  # one free_swa for the whole batch: at decode each request gives back about one slot a step
         for req, p in zip(reqs, first_new):
             lo, hi = max(req.swa_freed_len, self.tree_owned_len(req)), p - window
             if hi > lo:
-                self.token_to_kv_pool_allocator.free_swa(rtt[req.req_pool_idx, lo:hi])
+                gone.append(rtt[req.req_pool_idx, lo:hi])
                 req.swa_freed_len = hi
+        if gone:
+            self.token_to_kv_pool_allocator.free_swa(torch.cat(gone))
 
     def swa_evictable_size(self) -> int:
         """Sliding-window slots the cache could free (a hybrid pool's; none here)."""
