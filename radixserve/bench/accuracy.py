@@ -61,9 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _runner(model_path: str | None, quantization: str, threads: int | None, dtype: str = "auto") -> Any:
-
-    return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, dtype=dtype, max_total_tokens=4096,
+def _runner(model_path: str | None, quantization: str, threads: int | None, dtype: str = "auto",
+            kv_cache_dtype: str = "auto", max_total_tokens: int = 4096) -> Any:
+    """A runner for teacher-forced traces (one row at a time); bench kv-accuracy varies its KV dtype."""
+    return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, dtype=dtype,
+                                  kv_cache_dtype=kv_cache_dtype, max_total_tokens=max_total_tokens,
                                   max_running_requests=2, num_threads=threads, show_progress=False))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from radixserve.bench.accuracy import LLAMA_N_PROBS, PROMPTS, _prompt_ids, _trace
+from radixserve.bench.accuracy import LLAMA_N_PROBS, PROMPTS, _prompt_ids, _runner, _trace
 from radixserve.bench.common import machine_info, print_table, write_json
 from radixserve.bench.server_process import local_llama_server
 
@@ -37,14 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="llama-server's threads")
     p.add_argument("--json", default=None)
     return p
-
-
-def _runner(model_path: str | None, quantization: str, kv: str, context: int) -> Any:
-    from radixserve.model_executor.model_runner import ModelRunner  # lazy: torch + the kernels
-    from radixserve.server_args import ServerArgs  # lazy: as above
-
-    return ModelRunner(ServerArgs(model_path=model_path, quantization=quantization, kv_cache_dtype=kv,
-                                  max_total_tokens=context + 64, max_running_requests=2, show_progress=False))
 
 
 def _llama_trace(binary: str, gguf: str, threads: int, prompts: list[list[int]], tokens: list[list[int]],
@@ -86,12 +78,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--positions must be in [1, 4000], got {a.positions}")
     from radixserve.model_loader import get_tokenizer  # lazy: as above
 
-    ref = _runner(a.model_path, a.quantization, "bfloat16", 4200)
+    ref = _runner(a.model_path, a.quantization, None, kv_cache_dtype="bfloat16", max_total_tokens=4200)
     tok = get_tokenizer(ref.model_path)
     prompts = [_prompt_ids(tok, p) for p in PROMPTS[: a.prompts]]
     traces = [_trace(ref, p, None, a.positions) for p in prompts]
     del ref
-    q8 = _runner(a.model_path, a.quantization, a.kv_dtype, 4200)
+    q8 = _runner(a.model_path, a.quantization, None, kv_cache_dtype=a.kv_dtype, max_total_tokens=4200)
     agree, deltas = 0, []
     for p, (tokens, ref_lp) in zip(prompts, traces):
         _, lp = _trace(q8, p, tokens, a.positions)
