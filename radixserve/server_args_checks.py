@@ -54,6 +54,11 @@ def check_hicache_args(args: ServerArgs, bad) -> None:
     cache_mb = args.mm_encoder_cache_mb
     if isinstance(cache_mb, bool) or not isinstance(cache_mb, (int, float)) or not 0 <= cache_mb <= 65536:
         bad("mm_encoder_cache_mb", f"must be in [0, 65536] MB, got {cache_mb!r}")
+    if args.mmproj is not None:
+        if not os.path.isfile(args.mmproj):
+            bad("mmproj", f"{args.mmproj!r} is not a file")
+        if args.model_path is None or not str(args.model_path).endswith(".gguf"):
+            bad("mmproj", "goes beside a text GGUF --model-path (an HF folder carries its own vision tower)")
     if args.allowed_local_media_path is not None and not os.path.isdir(args.allowed_local_media_path):
         bad("allowed_local_media_path", f"{args.allowed_local_media_path!r} is not a directory")
     ratio = args.swa_full_tokens_ratio

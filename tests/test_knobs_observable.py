@@ -60,6 +60,7 @@ SERVER_EVIDENCE: dict[str, str] = {
     "max_image_bytes": "tests/multimodal/test_image_loader.py",
     "max_image_pixels": "tests/multimodal/test_image_loader.py",
     "mm_encoder_cache_mb": "tests/models/test_llava_engine.py",
+    "mmproj": "tests/models/test_idefics3_engine.py",
     "disable_hybrid_swa_memory": "tests/models/test_swa_engine.py",
     "max_rerank_documents": "tests/entrypoints/test_http_rerank.py",
     "rpc_timeout": "tests/entrypoints/test_http_faults.py",

@@ -89,7 +89,8 @@ class TokenizerManager:
         self.hidden_size: int = info.get("hidden_size", 0)  # an embedding's size (/v1/embeddings `dimensions`)
         self.num_labels: int = info.get("num_labels", 0)  # a sequence classifier's labels (rerank, score); 0: none
         self.limits = RequestLimits.build(server_args, self.context_len, self.vocab_size, self.max_total_num_tokens)
-        self.mm_processor = get_mm_processor(server_args.model_path, self.vocab_size, tokenizer)
+        self.mm_processor = get_mm_processor(server_args.resolved_model_path(), self.vocab_size, tokenizer,
+                                             server_args.mmproj)
         self.normalizer = RequestNormalizer(tokenizer, self.limits, self.mm_processor,
                                             MediaLimits.from_server_args(server_args))
         addresses = [to_scheduler] if isinstance(to_scheduler, str) else list(to_scheduler)

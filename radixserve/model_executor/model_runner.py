@@ -57,7 +57,6 @@ from radixserve.lora.lora_batch import LoRABatch
 from radixserve.lora.runner_setup import lora_batch_for, make_lora_manager
 from radixserve.mem_cache.kv_quant import KV_FP8, KV_INT8, kv_row_width
 from radixserve.mem_cache.memory_pool import KVPool
-from radixserve.mem_cache.multimodal_cache import MultiModalCache
 from radixserve.mem_cache.swa_memory_pool import SWAKVPool, plan_swa
 from radixserve.model_executor.cpu_graph_runner import CpuGraphRunner
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch, PPProxyTensors
@@ -66,7 +65,9 @@ from radixserve.model_executor.memory_pools import init_memory_pools
 from radixserve.model_executor.pipeline_stage import PipelineStage
 from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
 from radixserve.model_executor.sample_logprobs import add_logprobs
-from radixserve.model_loader import get_model_config, iterate_weights, model_kind
+from radixserve.model_loader.mmproj import iterate_mmproj_weights, with_mmproj
+from radixserve.models.vision.vision_language import attach_vision
+from radixserve.model_loader import get_model_config, get_tokenizer, iterate_weights, model_kind
 from radixserve.model_loader.gguf_loader import load_for_runner
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
@@ -126,6 +127,9 @@ class ModelRunner:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_procs))
         self.model_path = server_args.resolved_model_path()
         self.model_config = get_model_config(self.model_path, server_args.context_length)
+        if server_args.mmproj:  # llama.cpp's pair of files: the vision tower and projector in their own GGUF
+            self.model_config = with_mmproj(self.model_config, server_args.mmproj,
+                                            get_tokenizer(self.model_path, server_args.tokenizer_path))
         # the launcher checked before starting us
         check_model_fits(self.model_config, self.tp_size, self.pp_size, server_args.ep_size)
         if self.kv_cache_dtype in (KV_INT8, KV_FP8):  # quantised rows: the CPU kernels read them, for these shapes
@@ -209,8 +213,8 @@ class ModelRunner:
         cls = get_model_class(self.model_config.architecture)
         # empty parameters: nothing is resident until a loader writes it (the GGUF low-bit path never does)
         self.model = cls(self.model_config, self.parallel_state).to(dtype=self.act_dtype)
-        if self.model_config.mm_config is not None:  # a vision-language model: its tower's outputs by image
-            self.model.encoder_cache = MultiModalCache(int(self.server_args.mm_encoder_cache_mb * 2**20))
+        if self.model_config.mm_config is not None:
+            attach_vision(self.model, self.server_args)  # its encoder cache, and where its vision tensors are
         # a pipeline stage reads only its tensors
         keep = self.model.holds_checkpoint_tensor if self.pp_size > 1 else None
         # the memory budget, checked before any weight is read (model_executor/memory_budget.py)
@@ -228,6 +232,8 @@ class ModelRunner:
             if self._low_bit_only():
                 # every step runs low-bit: the float copies of the quantised projections are never read
                 release_float_weights(self.model)
+        if self.server_args.mmproj and self.model.has_vision:
+            self.model.load_vision_weights(iterate_mmproj_weights(self.server_args.mmproj))
         prepare_float_weights(self.model, self.linear_backend, self.dtype, self._low_bit_only())
         self.weight_bytes = model_weight_bytes(self.model)
         self.memory_budget.weights = self.weight_bytes - self.memory_budget.float_copy  # measured now

@@ -17,5 +17,8 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
         name = (cfg.get("architectures") or ["a vision-language model"])[0]
         raise ValueError(f"{name}: config needs text_config and vision_config objects")  # noqa: TRY004
     out = dict(text)
+    # the decoder's class follows its model_type: some name a class of their own there (SmolVLM: VLlama3ForCausalLM)
+    if out.get("model_type"):
+        out.pop("architectures", None)
     out.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
     return out

@@ -4,6 +4,11 @@ tower input), an unsplit one and two images in one prompt; with chunked prefill 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,6 +39,10 @@ def tiny_idefics3(tmp_path_factory, default_model_path):
                                              max_position_embeddings=1024),
         scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"))
     transformers.Idefics3ForConditionalGeneration(cfg).save_pretrained(path)
+    # SmolVLM's own config names its text model so; llama.cpp's converter picks the text class by it
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["architectures"] = ["VLlama3ForCausalLM"]
+    (path / "config.json").write_text(json.dumps(config))
     proc = transformers.Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
     proc.save_pretrained(path)
     return str(path)
@@ -83,3 +92,40 @@ def test_greedy_tokens_and_logprobs_equal_transformers(tiny_idefics3, oracle, ar
         torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
     assert again["output_ids"] == refs[0][0]
     assert again["meta_info"]["cached_tokens"] >= refs[0][2] - 4  # every crop's span from the radix cache
+
+
+CONVERTER = Path(sys.executable).parents[1] / "llama.cpp" / "convert_hf_to_gguf.py"  # make setup puts it there
+
+
+def test_llama_cpp_text_gguf_and_mmproj_give_the_folders_tokens(tiny_idefics3, oracle, tmp_path) -> None:
+    """The folder converted by llama.cpp's convert_hf_to_gguf.py (a text GGUF, and --mmproj) serves with --mmproj as
+    the folder does: transformers' tokens, the vision tensors read from the mmproj file."""
+    assert CONVERTER.is_file(), f"{CONVERTER} is missing: run `make setup`"
+    text, mmproj = tmp_path / "text.gguf", tmp_path / "mmproj.gguf"
+    for out, extra in ((text, []), (mmproj, ["--mmproj"])):
+        subprocess.run([sys.executable, str(CONVERTER), tiny_idefics3, "--outtype", "f32", "--outfile", str(out),
+                        *extra], check=True, capture_output=True, timeout=300)
+    wide = image(7, (80, 50))
+    tokens, _, n = oracle("User:<image>Describe it.", [wide])
+    with radixserve.Engine(model_path=str(text), mmproj=str(mmproj), max_total_tokens=2048, quantization="none",
+                           dtype="float32", show_progress=False) as eng:
+        out = eng.generate(prompt="User:<image>Describe it.", image_data=[wide], sampling_params=GREEDY)
+    assert out["output_ids"] == tokens and out["meta_info"]["prompt_tokens"] == n
+
+
+def test_a_bad_mmproj_is_refused_by_name(tiny_idefics3, tmp_path, default_model_path) -> None:
+    from radixserve.model_loader import get_model_config, get_tokenizer
+    from radixserve.model_loader.mmproj import with_mmproj
+    from radixserve.server_args import ServerArgs
+
+    cfg, tok = get_model_config(default_model_path), get_tokenizer(default_model_path)
+    with pytest.raises(ValueError, match="not an mmproj file"):  # a text GGUF given as the projector
+        with_mmproj(cfg, default_model_path, tok)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(default_model_path).read_bytes()[:5000])
+    with pytest.raises(ValueError, match="truncated"):
+        with_mmproj(cfg, str(cut), tok)
+    with pytest.raises(ValueError, match="mmproj"):  # an HF folder carries its own tower
+        ServerArgs(model_path=tiny_idefics3, mmproj=default_model_path)
+    with pytest.raises(ValueError, match="mmproj"):
+        ServerArgs(model_path=default_model_path, mmproj=str(tmp_path / "missing.gguf"))

@@ -39,6 +39,7 @@ class VisionLanguageModel(CausalLM):
         for name, build in self.vision_modules.items():
             setattr(self, name, build(cfg.mm_config or {}) if self.has_vision else None)
         self.encoder_cache = MultiModalCache(0)  # the runner sets one of --mm-encoder-cache-mb
+        self.vision_from_mmproj = False  # --mmproj: the vision tensors come from their own file (load_vision_weights)
 
     def encode_image(self, item: MultimodalDataItem) -> torch.Tensor:
         """[span length, text hidden]: the tower's projected rows for one image item."""
@@ -88,6 +89,24 @@ class VisionLanguageModel(CausalLM):
                     yield name, tensor
 
         super().load_weights(text())
-        if self.has_vision:
-            for name, tensors in vision.items():
-                getattr(self, name).load_weights(tensors)
+        if self.has_vision and not self.vision_from_mmproj:
+            self.load_vision_weights(t for name, tensors in vision.items() for t in
+                                     ((f"{name}.{n}", x) for n, x in tensors))
+
+    def load_vision_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Every vision module's tensors (our names), strictly: each module refuses unknown or missing ones."""
+        parts: dict[str, list[tuple[str, torch.Tensor]]] = {name: [] for name in self.vision_modules}
+        for name, tensor in weights:
+            head, _, rest = name.partition(".")
+            if head not in parts:
+                raise ValueError(f"vision tensor {name!r} belongs to no vision module of {type(self).__name__}")
+            parts[head].append((rest, tensor))
+        for head, tensors in parts.items():
+            getattr(self, head).load_weights(tensors)
+
+
+def attach_vision(model: nn.Module, server_args: Any) -> None:
+    """A runner's vision-language model: its encoder cache (--mm-encoder-cache-mb), and whether its vision tensors
+    come from an --mmproj file (then the text checkpoint's loader leaves them to load_vision_weights)."""
+    model.encoder_cache = MultiModalCache(int(server_args.mm_encoder_cache_mb * 2**20))
+    model.vision_from_mmproj = bool(server_args.mmproj)

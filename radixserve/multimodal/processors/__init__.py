@@ -6,7 +6,9 @@ import importlib
 import os
 from typing import Any
 
+from radixserve.model_loader import get_model_config
 from radixserve.model_loader.hf import read_json
+from radixserve.model_loader.mmproj import with_mmproj
 from radixserve.multimodal.processors.base_processor import BaseMultimodalProcessor
 
 MM_PROCESSORS: dict[str, tuple[str, str]] = {
@@ -15,11 +17,16 @@ MM_PROCESSORS: dict[str, tuple[str, str]] = {
 }
 
 
-def get_mm_processor(model_path: str | None, vocab_size: int, tokenizer: Any) -> BaseMultimodalProcessor | None:
-    """The processor of a vision-language model folder; None for a text-only model (its image inputs are 400s)."""
-    if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
-        return None  # a GGUF file: text only until its mmproj file is read
-    cfg = read_json(os.path.join(model_path, "config.json"))
+def get_mm_processor(model_path: str | None, vocab_size: int, tokenizer: Any,
+                     mmproj: str | None = None) -> BaseMultimodalProcessor | None:
+    """The processor of a vision-language model (an HF folder, or a text GGUF with its --mmproj file); None for a
+    text-only model (its image inputs are 400s)."""
+    if mmproj is not None and model_path:
+        cfg = with_mmproj(get_model_config(model_path), mmproj, tokenizer).mm_config
+    elif not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
+        return None  # a GGUF file without an mmproj: text only
+    else:
+        cfg = read_json(os.path.join(model_path, "config.json"))
     archs = cfg.get("architectures") or []
     entry = MM_PROCESSORS.get(archs[0]) if archs else None
     if entry is None:

@@ -75,17 +75,21 @@ class BaseMultimodalProcessor:
         return out, MultimodalInputs(items, self.image_token_id)
 
 
-def image_processor(model_path: str) -> Any:
-    """The folder's transformers image processor (preprocessor_config.json), with the PIL backend, which needs
-    no torchvision."""
-    if not os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):
-        raise ValueError(f"{model_path} has no preprocessor_config.json: a vision-language model needs its image "
-                         "processor's settings (size, crop, mean, std)")
+def image_processor(model_path: str, hf_config: dict[str, Any]) -> Any:
+    """The model's transformers image processor, with the PIL backend, which needs no torchvision: from the
+    folder's preprocessor_config.json, or from the settings an --mmproj file's metadata gave ("preprocessor")."""
     import transformers  # lazy: transformers' import is seconds; only a vision model's server pays it
 
-    cfg = read_json(os.path.join(model_path, "preprocessor_config.json"))
+    cfg = hf_config.get("preprocessor")
+    if cfg is None:
+        if not os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):
+            raise ValueError(f"{model_path} has no preprocessor_config.json: a vision-language model needs its image "
+                             "processor's settings (size, crop, mean, std)")
+        cfg = read_json(os.path.join(model_path, "preprocessor_config.json"))
     name = str(cfg.get("image_processor_type", "CLIPImageProcessor")).removesuffix("Fast").removesuffix("Pil")
     cls = getattr(transformers, name + "Pil", None) or getattr(transformers, name, None)
     if cls is None:
         raise ValueError(f"{model_path}: image processor {name!r} is not in this transformers")
+    if "preprocessor" in hf_config:
+        return cls(**{k: v for k, v in cfg.items() if k != "image_processor_type"})
     return cls.from_pretrained(model_path)

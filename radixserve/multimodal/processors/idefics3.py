@@ -44,7 +44,7 @@ class Idefics3Processor(BaseMultimodalProcessor):
         for name in (FAKE, GLOBAL):
             if tokenizer.convert_tokens_to_ids(name) in (None, tokenizer.unk_token_id):
                 raise ValueError(f"{model_path}: the tokenizer lacks {name}, which Idefics3 prompts need")
-        self.image_processor = image_processor(model_path)
+        self.image_processor = image_processor(model_path, hf_config)
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

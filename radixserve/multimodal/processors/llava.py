@@ -33,7 +33,7 @@ class LlavaProcessor(BaseMultimodalProcessor):
         self.image_size = size
         full = hf_config.get("vision_feature_select_strategy", "default") == "full"
         self.num_tokens = (size // patch) ** 2 + (1 if full else 0)
-        self.image_processor = image_processor(model_path)
+        self.image_processor = image_processor(model_path, hf_config)
 
     def expand(self, image: Image.Image) -> list[list[int] | ImageTile]:
         pixels = self.image_processor(images=[image], return_tensors="pt")["pixel_values"]
