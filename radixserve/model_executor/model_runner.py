@@ -65,11 +65,11 @@ from radixserve.model_executor.memory_pools import init_memory_pools
 from radixserve.model_executor.pipeline_stage import PipelineStage
 from radixserve.model_executor.results import GenerationBatchResult, SampleOutput
 from radixserve.model_executor.sample_logprobs import add_logprobs
-from radixserve.model_loader.mmproj import iterate_mmproj_weights, with_mmproj
-from radixserve.models.vision.vision_language import attach_vision
 from radixserve.model_loader import get_model_config, get_tokenizer, iterate_weights, model_kind
 from radixserve.model_loader.gguf_loader import load_for_runner
+from radixserve.model_loader.mmproj import iterate_mmproj_weights, with_mmproj
 from radixserve.models.registry import get_model_class
+from radixserve.models.vision.vision_language import attach_vision
 from radixserve.server_args import ServerArgs
 from radixserve.speculative.spec_info import SpeculativeAlgorithm
 
