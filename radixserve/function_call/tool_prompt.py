@@ -52,20 +52,38 @@ def render_for_template(messages: list[dict[str, Any]], tools: list[dict[str, An
                 ]
             out.append(m)
         return out, ({"tools": tools} if tools else {})
+    # a vision-language model's template reads content parts (serving_chat.template_content): text is added as a
+    # part there, and a part list stays one
+    parts = any(isinstance(m.get("content"), list) for m in messages)
     out = []
     for m in messages:
-        role, content = m["role"], m.get("content") or ""
+        role, content = m["role"], _text(m.get("content"))
         if role == "assistant" and m.get("tool_calls"):
             calls = fmt.render_calls([(tc["function"]["name"], _arguments_object(tc["function"].get("arguments")))
                                       for tc in m["tool_calls"]])
             content = "\n".join(([content] if content else []) + [calls])
         elif role == "tool":
             role, content = "user", f"<tool_response>\n{content}\n</tool_response>"
+        else:
+            content = m.get("content") or ""
         out.append({"role": role, "content": content})
     if tools:
         block = fmt.instructions(tools)
         if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block}
+            first = out[0]["content"]
+            out[0] = {"role": "system", "content": (first + [{"type": "text", "text": "\n\n" + block}]
+                                                    if isinstance(first, list) else
+                                                    f"{first}\n\n{block}" if first else block)}
         else:
             out.insert(0, {"role": "system", "content": block})
+    if parts:
+        out = [m if isinstance(m["content"], list) else {**m, "content": [{"type": "text", "text": m["content"]}]}
+               for m in out]
     return out, {}
+
+
+def _text(content: Any) -> str:
+    """A message's text, from a string or content parts (image parts carry none)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    return content or ""

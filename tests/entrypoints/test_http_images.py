@@ -121,3 +121,45 @@ def test_anthropic_responses_and_ollama_images_equal_the_chat_route(llava_server
                                                                         "images": [b64]}],
                                                  options={"num_predict": NEW, "temperature": 0})
     assert out.message.content == chat
+
+
+def test_tools_and_structured_output_after_an_image(llava_server) -> None:
+    """The tool instructions join a vision template's content parts; a grammar constrains the answer to an image."""
+    import json
+
+    srv, _ = llava_server
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none")
+    parts = [{"type": "image_url", "image_url": {"url": data_uri(image(6))}}, {"type": "text", "text": "is it red?"}]
+    tools = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}]
+    first = client.chat.completions.create(model="hf", max_tokens=4, temperature=0, tools=tools, messages=[
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": parts}])
+    assert first.usage.prompt_tokens > SPAN  # the image, the instructions and the text all in the prompt
+    history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": parts},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "red"}]
+    assert client.chat.completions.create(model="hf", max_tokens=4, temperature=0, tools=tools,
+                                          messages=history).choices[0].finish_reason in ("length", "stop", "tool_calls")
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+              "required": ["answer"], "additionalProperties": False}
+    out = client.chat.completions.create(model="hf", max_tokens=40, temperature=0, messages=[
+        {"role": "user", "content": parts}], response_format={"type": "json_schema", "json_schema": {
+            "name": "a", "schema": schema}})
+    assert json.loads(out.choices[0].message.content)["answer"] in ("yes", "no")
+
+
+def test_tool_instructions_join_content_parts() -> None:
+    from radixserve.function_call.tool_prompt import render_for_template
+
+    tools = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object", "properties": {}}}}]
+    msgs = [{"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "q"}]},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]},
+            {"role": "tool", "content": "red", "tool_call_id": "c1"}]
+    out, extra = render_for_template(msgs, tools, native=False)
+    assert extra == {} and all(isinstance(m["content"], list) for m in out)
+    system = out[0]["content"]
+    assert system[0] == {"type": "text", "text": "be brief"} and "look" in system[1]["text"]
+    assert out[1]["content"] == msgs[1]["content"]  # the image part stays where it was
+    assert "look" in out[2]["content"][0]["text"] and "red" in out[3]["content"][0]["text"]
