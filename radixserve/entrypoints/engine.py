@@ -84,7 +84,7 @@ class Engine:
 
     async def _normalize_on_loop(self, obj: GenerateReqInput, embed: bool = False
                                  ) -> tuple[list[TokenizedGenerateReqInput], bool]:
-        return self.tm.normalize(obj, embed)  # on the loop's thread: tm.states is read there
+        return await self.tm.normalize_async(obj, embed)  # on the loop's thread: tm.states is read there
 
     # ------------------------------------------------------------------ generate
     def generate(

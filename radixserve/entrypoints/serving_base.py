@@ -146,12 +146,12 @@ class OpenAIServingBase:
         name, kind, value = given[0]
         return {kind: value}, {kind: name}
 
-    def normalize(self, obj: GenerateReqInput, renames: dict[str, str] | None = OPENAI_RENAMES
-                  ) -> tuple[list[TokenizedGenerateReqInput], bool]:
+    async def normalize(self, obj: GenerateReqInput, renames: dict[str, str] | None = OPENAI_RENAMES
+                        ) -> tuple[list[TokenizedGenerateReqInput], bool]:
         """The one request-normalisation path (RequestNormalizer), with errors as OpenAI 400s that
         name the field the client sent."""
         try:
-            return self.tm.normalize(obj)
+            return await self.tm.normalize_async(obj)
         except ValueError as e:
             raise APIError.from_value_error(e, renames) from None
 

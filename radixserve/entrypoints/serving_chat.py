@@ -124,7 +124,7 @@ class OpenAIServingChat(OpenAIServingBase):
         rid = req.rid or f"chatcmpl-{uuid.uuid4().hex}"
         constraint, renames = self.constraint(req, tools.structural_tag())
         # max_tokens absent: generate until EOS or the context is full (default_max_new_tokens -1).
-        subs, _ = self.normalize(GenerateReqInput(
+        subs, _ = await self.normalize(GenerateReqInput(
             text=prompt, rid=rid, image_data=self.images(req.messages),
             sampling_params={**self.sampling_dict(req, max_new), **constraint, **reasoning.sampling(prompt)},
             return_logprob=bool(req.logprobs), top_logprobs_num=top_k, timeout=req.timeout,

@@ -57,7 +57,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         params = {**self.sampling_dict(req, req.max_tokens), **constraint}
         rid = req.rid or f"cmpl-{uuid.uuid4().hex}"
         want_logprobs = req.logprobs is not None
-        subs, _ = self.normalize(GenerateReqInput(
+        subs, _ = await self.normalize(GenerateReqInput(
             text=text, input_ids=ids, sampling_params=params, rid=rid, return_logprob=want_logprobs,
             top_logprobs_num=top_k, return_prompt_logprob=want_logprobs and bool(req.echo), timeout=req.timeout,
             default_max_new_tokens=DEFAULT_MAX_TOKENS,  # OpenAI's, when max_tokens is absent

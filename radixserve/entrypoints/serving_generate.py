@@ -36,7 +36,7 @@ class NativeServing(OpenAIServingBase):
             return_prompt_logprob=req.return_prompt_logprob, stream=req.stream, timeout=req.timeout,
             lora_path=req.lora_path, token_ids_logprob=req.token_ids_logprob,
         )
-        subs, is_batch = self.normalize(obj, renames=None)  # native names
+        subs, is_batch = await self.normalize(obj, renames=None)  # native names
         group = RequestGroup(self.tm, subs, metrics=self.metrics)
         if req.stream:
             return SSEResponse(self._stream(request, group, is_batch), group)

@@ -193,38 +193,40 @@ class RequestNormalizer:
                 raise ValueError("input_ids: must be a list of integers (or a list of such lists)")
         return [list(x) for x in lists], is_batch
 
-    def images(self, obj: GenerateReqInput, prompts: list[list[int]], is_batch: bool
-               ) -> tuple[list[list[int]], list[MultimodalInputs | None]]:
-        """Each prompt's ids with its image placeholders expanded, and its images (None: a text prompt)."""
+    def prepare_images(self, obj: GenerateReqInput) -> list[list[Any]] | None:
+        """The call's images per prompt, decoded (with their bounds) and run through the model's image processor:
+        the costly part, which touches no tokenizer and no server state (TokenizerManager runs it on a worker
+        thread). None: the call has no images."""
         data = obj.image_data
         if data is None:
-            return prompts, [None] * len(prompts)
+            return None
         if self.mm_processor is None:
             raise ValueError("image_data: this model takes no images (serve a vision-language model to send them)")
         if not isinstance(data, list):
             data = [data]
+        ids = obj.input_ids
+        is_batch = isinstance(obj.text, list) or (obj.text is None and isinstance(ids, list) and bool(ids)
+                                                  and isinstance(ids[0], list))
         if not is_batch:
             data = [data]
         elif not all(isinstance(d, list) for d in data):
             raise ValueError("image_data: a batch of prompts takes one list of images per prompt")
-        if len(data) != len(prompts):
-            raise ValueError(f"image_data: {len(data)} image lists given for {len(prompts)} prompts")
         total, most = sum(len(d) for d in data), self.media_limits.max_images_per_request
         if total > most:  # the whole call, not each prompt: a batch must not multiply the bound
             raise ValueError(f"image_data: {total} images in one request; at most {most} are allowed "
                              "(--max-images-per-request)")
-        out_ids: list[list[int]] = []
-        out_mm: list[MultimodalInputs | None] = []
-        for ids, sources in zip(prompts, data):
-            if not sources:
-                out_ids.append(ids)
-                out_mm.append(None)
-                continue
-            images = load_images(sources, self.media_limits)
-            ids, mm = self.mm_processor.process(ids, images)
-            out_ids.append(ids)
-            out_mm.append(mm)
-        return out_ids, out_mm
+        return [[self.mm_processor.prepare(img) for img in load_images(d, self.media_limits)] if d else []
+                for d in data]
+
+    def images(self, obj: GenerateReqInput, prompts: list[list[int]], prepared: list[list[Any]] | None
+               ) -> tuple[list[list[int]], list[MultimodalInputs | None]]:
+        """Each prompt's ids with its image placeholders expanded, and its images (None: a text prompt)."""
+        if prepared is None:
+            return prompts, [None] * len(prompts)
+        if len(prepared) != len(prompts):
+            raise ValueError(f"image_data: {len(prepared)} image lists given for {len(prompts)} prompts")
+        out = [self.mm_processor.process(ids, imgs) if imgs else (ids, None) for ids, imgs in zip(prompts, prepared)]
+        return [ids for ids, _ in out], [mm for _, mm in out]
 
     def _check_count(self, n: int) -> None:
         if n == 0:
@@ -252,11 +254,15 @@ class RequestNormalizer:
         return params
 
     # ------------------------------------------------------------------ all of it
-    def normalize(self, obj: GenerateReqInput) -> tuple[list[TokenizedGenerateReqInput], bool]:
+    def normalize(self, obj: GenerateReqInput, prepared: list[list[Any]] | None = None
+                  ) -> tuple[list[TokenizedGenerateReqInput], bool]:
         """-> (sub-requests in prompt x n order, is_batch). Every sub-request is validated before
-        any is returned, so a bad item rejects the whole call before anything is scheduled."""
+        any is returned, so a bad item rejects the whole call before anything is scheduled. `prepared`: the
+        call's images from prepare_images (made here when the call has images and none are given)."""
+        if prepared is None and obj.image_data is not None:
+            prepared = self.prepare_images(obj)
         prompts, is_batch = self.prompts(obj)
-        prompts, mms = self.images(obj, prompts, is_batch)
+        prompts, mms = self.images(obj, prompts, prepared)
         sp = obj.sampling_params
         if isinstance(sp, list):
             if len(sp) != len(prompts):

@@ -110,8 +110,8 @@ class TokenizerManager:
         self.metrics: Any = None  # set by the HTTP server (Prometheus collectors)
 
     # ------------------------------------------------------------------ input
-    def normalize(self, obj: GenerateReqInput, embed: bool = False,
-                  classify: bool = False) -> tuple[list[TokenizedGenerateReqInput], bool]:
+    def normalize(self, obj: GenerateReqInput, embed: bool = False, classify: bool = False,
+                  prepared: list[list[Any]] | None = None) -> tuple[list[TokenizedGenerateReqInput], bool]:
         """Validated sub-requests of one call (see RequestNormalizer); also refuses a call that
         would overfill the queue, before any of it is sent, and one of the other server kind (`embed`:
         an embedding call, `classify`: a classifier's scores; managers/embedding_request.py)."""
@@ -120,9 +120,19 @@ class TokenizerManager:
         if self.num_labels and embed:
             raise ValueError(f"input: this server serves a sequence classifier ({self.num_labels} labels), not "
                              "embeddings: it answers /v1/rerank and /v1/score")
-        subs, is_batch = self.normalizer.normalize(obj)
+        subs, is_batch = self.normalizer.normalize(obj, prepared)
         self._check_room(len(subs))
         return subs, is_batch
+
+    async def normalize_async(self, obj: GenerateReqInput, embed: bool = False,
+                              classify: bool = False) -> tuple[list[TokenizedGenerateReqInput], bool]:
+        """normalize(), with the call's images decoded and processed on a worker thread (RequestNormalizer
+        .prepare_images), so that a large image never stalls the event loop and the streams it serves."""
+        prepared = None
+        if obj.image_data is not None:
+            self.check_accepting()
+            prepared = await asyncio.to_thread(self.normalizer.prepare_images, obj)
+        return self.normalize(obj, embed, classify, prepared)
 
     def unhealthy_reason(self) -> str | None:
         if self.failed_streak >= UNHEALTHY_AFTER_FAILED_REQUESTS:

@@ -24,6 +24,15 @@ _MASK63 = (1 << 63) - 1
 
 
 @dataclass
+class PreparedImage:
+    """One image, decoded and run through the image processor (the costly part: the TokenizerManager does it on a
+    worker thread), waiting for its placeholder in the prompt."""
+
+    hash: int
+    parts: list[list[int] | ImageTile]
+
+
+@dataclass
 class ImageTile:
     """One input of the vision tower (a whole image, or one crop of a split image) and its run of tokens."""
 
@@ -43,10 +52,14 @@ class BaseMultimodalProcessor:
         self.tokenizer = tokenizer
 
     def expand(self, image: Image.Image) -> list[list[int] | ImageTile]:
-        """What one image placeholder becomes: token ids and tiles, in prompt order."""
+        """What one image placeholder becomes: token ids and tiles, in prompt order. It may run on a worker thread,
+        so it must not call the tokenizer (a subclass tokenises its fixed texts when it is built)."""
         raise NotImplementedError
 
-    def process(self, ids: list[int], images: list[Image.Image]) -> tuple[list[int], MultimodalInputs]:
+    def prepare(self, image: Image.Image) -> PreparedImage:
+        return PreparedImage(image_hash(image), self.expand(image))
+
+    def process(self, ids: list[int], images: list[PreparedImage]) -> tuple[list[int], MultimodalInputs]:
         """Expand each image placeholder of `ids` (one `image_token_id` per image, in order). Each tile becomes an
         item whose span holds its pad value. Raises ValueError when the placeholders and the images do not pair."""
         where = [i for i, t in enumerate(ids) if t == self.image_token_id]
@@ -58,9 +71,9 @@ class BaseMultimodalProcessor:
         prev = 0
         for pos, image in zip(where, images):
             out.extend(ids[prev:pos])
-            h = image_hash(image)
+            h = image.hash
             tiles = 0
-            for part in self.expand(image):
+            for part in image.parts:
                 if isinstance(part, list):
                     out.extend(part)
                     continue

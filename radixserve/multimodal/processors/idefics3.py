@@ -45,9 +45,17 @@ class Idefics3Processor(BaseMultimodalProcessor):
             if tokenizer.convert_tokens_to_ids(name) in (None, tokenizer.unk_token_id):
                 raise ValueError(f"{model_path}: the tokenizer lacks {name}, which Idefics3 prompts need")
         self.image_processor = image_processor(model_path, hf_config)
+        # every text that can stand between two runs, tokenised now: expand() runs on a worker thread, where the
+        # tokenizer is not safe to share (its markers exist for splits up to 6 x 6)
+        texts = [FAKE, f"{FAKE}{GLOBAL}", f"\n\n{FAKE}{GLOBAL}"]
+        texts += [f"{nl}{FAKE}<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7) for nl in ("", "\n")]
+        self.text_ids = {t: tokenizer.encode(t, add_special_tokens=False) for t in texts}
 
     def _ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.text_ids.get(text)
+        if ids is None:
+            raise ValueError(f"image_data: the image processor split an image beyond 6 x 6 crops ({text!r})")
+        return ids
 
     def expand(self, image: Image.Image) -> list[list[int] | ImageTile]:
         out = self.image_processor(images=[[image]], return_tensors="pt", return_row_col_info=True)
