@@ -13,6 +13,7 @@ scheduler: these are answered in the main process.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -26,6 +27,7 @@ from radixserve.entrypoints.embedding_protocol import (
 )
 from radixserve.entrypoints.openai_serving import APIError, parse_body
 from radixserve.entrypoints.serving_base import OpenAIServingBase
+from radixserve.managers.io_struct import GenerateReqInput
 
 # vLLM / SGLang fields of the chat form that this route does not implement: refused, never ignored
 UNSUPPORTED_TOKENIZE = {
@@ -44,6 +46,7 @@ class TokenizeServing(OpenAIServingBase):
         req: TokenizeRequest = await parse_body(request, TokenizeRequest)
         self.check_model(req.model)
         self.check_unsupported(req, UNSUPPORTED_TOKENIZE)
+        images = None
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "prompt: give exactly one of prompt or messages", "prompt")
         if req.messages is not None:
@@ -53,16 +56,29 @@ class TokenizeServing(OpenAIServingBase):
                 raise APIError(400, "add_generation_prompt: only true is supported (the chat route's rendering)",
                                "add_generation_prompt")
             texts, is_batch = [self.chat.apply_template(req.messages)], False
+            images = self.chat.images(req.messages)
         else:
             is_batch = isinstance(req.prompt, list)
             texts = req.prompt if is_batch else [req.prompt]
             self._check_count(len(texts), "prompt")
         lists = [self._tokenize(t, req.add_special_tokens) for t in texts]
+        if images:  # a vision-language model: each image's run of tokens, read as the image token
+            lists = [await self._with_images(lists[0], images)]
         strs = [[self.token_text(t) for t in ids] for ids in lists] if req.return_token_strs else None
         resp = TokenizeResponse(
             tokens=lists if is_batch else lists[0], count=[len(x) for x in lists] if is_batch else len(lists[0]),
             max_model_len=self.tm.context_len, token_strs=None if strs is None else strs if is_batch else strs[0])
         return JSONResponse(resp.model_dump())
+
+    async def _with_images(self, ids: list[int], images: list[str]) -> list[int]:
+        """`ids` with the image placeholders expanded as the chat route expands them (images decoded off the loop)."""
+        norm = self.tm.normalizer
+        try:
+            prepared = await asyncio.to_thread(norm.prepare_images, GenerateReqInput(input_ids=ids, image_data=images))
+            expanded, mm = norm.mm_processor.process(ids, prepared[0])
+        except ValueError as e:
+            raise APIError.from_value_error(e, {"image_data": "messages"}) from None
+        return mm.to_vocab(expanded, self.tm.vocab_size)
 
     async def detokenize(self, request: Request) -> Response:
         req: DetokenizeRequest = await parse_body(request, DetokenizeRequest)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 
+import httpx
 import openai
 import pytest
 import torch
@@ -66,6 +67,8 @@ def test_chat_with_images_equals_transformers(llava_server, tokenizer) -> None:
     want = out[0, len(expanded):].tolist()
     if 2 in want:  # SmolLM2's <|im_end|> stops the server's request
         want = want[: want.index(2)]
+    tokenized = httpx.post(srv.base_url + "/tokenize", json={"messages": [{"role": "user", "content": content}]}).json()
+    assert tokenized["count"] == len(expanded) and tokenized["tokens"] == expanded  # images counted, as the image token
     assert want and resp.choices[0].message.content == tokenizer.decode(want, skip_special_tokens=True)
     assert resp.usage.prompt_tokens == len(expanded)  # image tokens count
 
@@ -93,6 +96,9 @@ def test_local_files_only_under_the_allowed_directory(llava_server) -> None:
     with pytest.raises(openai.BadRequestError, match="image_url.url"):
         client.chat.completions.create(model="hf", max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {}}]}])
+    bad = httpx.post(srv.base_url + "/tokenize", json={"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(image(1))[:200]}}]}]})
+    assert bad.status_code == 400 and "image 0" in bad.json()["error"]["message"]
     assert srv.alive()
     assert ask(data_uri(image(5))).choices[0].finish_reason == "length"
 
