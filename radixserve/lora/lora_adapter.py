@@ -113,6 +113,9 @@ def load_adapter(config: LoRAConfig, model: nn.Module, uid: int, dtype: torch.dt
         pairs = read_gguf_pairs(config, cfg.num_attention_heads, cfg.num_key_value_heads)
     else:
         pairs = _peft_pairs(config)
+    rename = getattr(model, "checkpoint_name", None)
+    if rename is not None:  # a vision-language model: its decoder's checkpoint paths (language_model...) map onto ours
+        pairs = {rename(name): ab for name, ab in pairs.items()}
     return build_adapter(config, pairs, model, uid, dtype, device, ps)
 
 

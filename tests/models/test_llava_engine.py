@@ -177,3 +177,44 @@ def test_tensor_parallel_and_pipeline_stages_give_the_same_tokens(tiny_llava, de
             outs = eng.generate(input_ids=[ids for ids, _ in cases], image_data=[imgs for _, imgs in cases],
                                 sampling_params=GREEDY)
         assert [o["output_ids"] for o in outs] == refs, parallel
+
+
+def test_a_lora_adapter_on_the_decoder_equals_peft(tiny_llava, default_model_path, tmp_path) -> None:
+    """A PEFT adapter of the LLaVA's language model (its names: model.language_model.layers...) applies per request
+    beside the image, as peft's model gives; one of the vision tower's projections is refused by name."""
+    import copy
+
+    import transformers
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    base = transformers.LlavaForConditionalGeneration.from_pretrained(tiny_llava, dtype=torch.float32).eval()
+    torch.manual_seed(3)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=r".*language_model.*\.(q_proj|v_proj|down_proj)",
+                     lora_dropout=0.0, init_lora_weights=False)
+    peft_model = get_peft_model(copy.deepcopy(base), cfg)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.3)
+    peft_model.save_pretrained(tmp_path / "dec")
+    ref_model = PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / "dec").eval()
+    proc = transformers.CLIPImageProcessorPil.from_pretrained(tiny_llava)
+    ids = prompt(0, 1)
+    expanded = torch.tensor([[t for x in ids for t in ([IMAGE_TOKEN] * SPAN if x == IMAGE_TOKEN else [x])]])
+    with torch.no_grad():
+        out = ref_model.generate(input_ids=expanded, attention_mask=torch.ones_like(expanded), max_new_tokens=NEW,
+                                 min_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                 pixel_values=proc(images=[image(1)], return_tensors="pt")["pixel_values"])
+    want = out[0, expanded.shape[1]:].tolist()
+    vision = LoraConfig(r=4, lora_alpha=8, target_modules=r".*vision_tower.*\.q_proj", init_lora_weights=False)
+    get_peft_model(copy.deepcopy(base), vision).save_pretrained(tmp_path / "vis")
+    with radixserve.Engine(model_path=tiny_llava, tokenizer_path=default_model_path, max_total_tokens=1024,
+                           quantization="none", dtype="float32", show_progress=False,
+                           lora_paths=(f"dec={tmp_path / 'dec'}",)) as eng:
+        plain = eng.generate(input_ids=ids, image_data=[image(1)], sampling_params=GREEDY)
+        adapted = eng.generate(input_ids=ids, image_data=[image(1)], sampling_params=GREEDY, lora_path="dec")
+    assert adapted["output_ids"] == want and plain["output_ids"] != want
+    with pytest.raises(Exception, match="vision_tower"):  # adapters apply to the decoder only
+        radixserve.Engine(model_path=tiny_llava, tokenizer_path=default_model_path, max_total_tokens=1024,
+                          quantization="none", dtype="float32", show_progress=False,
+                          lora_paths=(f"vis={tmp_path / 'vis'}",))

@@ -64,14 +64,14 @@ class VisionLanguageModel(CausalLM):
         return self.logits_processor(hidden, self.lm_head, forward_batch)
 
     # ------------------------------------------------------------------ checkpoint
-    def _our_name(self, name: str) -> str:
+    def checkpoint_name(self, name: str) -> str:
         for old, new in self.checkpoint_renames:
             if name.startswith(old):
                 return new + name[len(old):]
         return name
 
     def holds_checkpoint_tensor(self, name: str) -> bool:
-        name = self._our_name(name)
+        name = self.checkpoint_name(name)
         if name.startswith(self.non_text_prefixes):
             return self.has_vision
         return super().holds_checkpoint_tensor(name)
@@ -81,7 +81,7 @@ class VisionLanguageModel(CausalLM):
 
         def text() -> Iterator[tuple[str, torch.Tensor]]:
             for ckpt_name, tensor in weights:
-                name = self._our_name(ckpt_name)
+                name = self.checkpoint_name(ckpt_name)
                 head = name.split(".", 1)[0]
                 if head in vision and "." in name:
                     vision[head].append((name.split(".", 1)[1], tensor))
