@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration")
+VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration",
+                        "SmolVLMForConditionalGeneration")
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ MODEL_REGISTRY: dict[str, tuple[str, str]] = {
     # vision-language (model_config.VISION_ARCHITECTURES): a tower and projector beside a text decoder above
     "LlavaForConditionalGeneration": ("radixserve.models.vision.llava", "LlavaForConditionalGeneration"),
     "Idefics3ForConditionalGeneration": ("radixserve.models.vision.idefics3", "Idefics3ForConditionalGeneration"),
+    "SmolVLMForConditionalGeneration": ("radixserve.models.vision.idefics3", "SmolVLMForConditionalGeneration"),
 }
 
 

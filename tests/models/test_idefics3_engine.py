@@ -129,3 +129,45 @@ def test_a_bad_mmproj_is_refused_by_name(tiny_idefics3, tmp_path, default_model_
         ServerArgs(model_path=tiny_idefics3, mmproj=default_model_path)
     with pytest.raises(ValueError, match="mmproj"):
         ServerArgs(model_path=default_model_path, mmproj=str(tmp_path / "missing.gguf"))
+
+
+def test_smolvlm2_equals_transformers(tmp_path, default_model_path) -> None:
+    """SmolVLMForConditionalGeneration (SmolVLM2) with its own image processor, against transformers' SmolVLM model,
+    image processor and prompt string: a split image."""
+    import transformers
+    # transformers' own prompt string (its SmolVLMProcessor also wants a video processor, which needs torchvision)
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    from radixserve.model_loader import get_tokenizer
+
+    path = tmp_path / "smolvlm"
+    tok = get_tokenizer(default_model_path)
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.save_pretrained(path)
+    torch.manual_seed(1)
+    cfg = transformers.SmolVLMConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 32, "patch_size": 4},
+        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 1024},
+        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"))
+    model = transformers.SmolVLMForConditionalGeneration(cfg).eval()
+    model.save_pretrained(path)
+    improc = transformers.SmolVLMImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    improc.save_pretrained(path)
+    wide = image(9, (70, 60))
+    pix = improc(images=[[wide]], return_tensors="pt", return_row_col_info=True)
+    text = "User:" + get_image_prompt_string(pix["rows"][0][0], pix["cols"][0][0], 16, "<fake_token_around_image>",
+                                             "<image>", "<global-img>") + "What is it?"
+    ids = transformers.AutoTokenizer.from_pretrained(path)(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pix["pixel_values"],
+                             pixel_attention_mask=pix["pixel_attention_mask"], max_new_tokens=NEW,
+                             min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    n = ids.shape[1]
+    assert n > 5 * 16  # split: four crops and the global view
+    with radixserve.Engine(model_path=str(path), max_total_tokens=2048, quantization="none", dtype="float32",
+                           show_progress=False) as eng:
+        got = eng.generate(prompt="User:<image>What is it?", image_data=[wide], sampling_params=GREEDY)
+    assert got["output_ids"] == out[0, n:].tolist() and got["meta_info"]["prompt_tokens"] == n

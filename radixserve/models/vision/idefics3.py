@@ -1,4 +1,4 @@
-"""Idefics3 / SmolVLM: a SigLIP vision tower, the pixel-shuffle connector, and a Llama text decoder
+"""Idefics3 / SmolVLM / SmolVLM2: a SigLIP vision tower, the pixel-shuffle connector, and a Llama text decoder
 (models/vision/vision_language.py). Each crop of a split image is one tower input (multimodal/processors/idefics3.py).
 
 Checkpoint names: model.vision_model.*, model.connector.*, model.text_model.*, lm_head.* (transformers 4 and 5).
@@ -27,3 +27,7 @@ class Idefics3ForConditionalGeneration(VisionLanguageModel):
     def encode_image(self, item: MultimodalDataItem) -> torch.Tensor:
         pixels = item.features["pixel_values"].to(self.vision_dtype)
         return idefics3_image_features(self.vision_model, self.connector, pixels)[0]
+
+
+class SmolVLMForConditionalGeneration(Idefics3ForConditionalGeneration):
+    """SmolVLM2: Idefics3's tower, connector, names and image prompts (transformers' SmolVLM modules are copies)."""

@@ -14,6 +14,7 @@ from radixserve.multimodal.processors.base_processor import BaseMultimodalProces
 MM_PROCESSORS: dict[str, tuple[str, str]] = {
     "LlavaForConditionalGeneration": ("radixserve.multimodal.processors.llava", "LlavaProcessor"),
     "Idefics3ForConditionalGeneration": ("radixserve.multimodal.processors.idefics3", "Idefics3Processor"),
+    "SmolVLMForConditionalGeneration": ("radixserve.multimodal.processors.idefics3", "Idefics3Processor"),
 }
 
 
