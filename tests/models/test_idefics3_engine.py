@@ -135,6 +135,7 @@ def test_smolvlm2_equals_transformers(tmp_path, default_model_path) -> None:
     """SmolVLMForConditionalGeneration (SmolVLM2) with its own image processor, against transformers' SmolVLM model,
     image processor and prompt string: a split image."""
     import transformers
+
     # transformers' own prompt string (its SmolVLMProcessor also wants a video processor, which needs torchvision)
     from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
