@@ -61,7 +61,7 @@ _MIN = ("oldest_step",)
 DP_KEYS = ("num_running_reqs", "num_waiting_reqs", "cache_hit_rate", "cached_tokens", "prompt_tokens",
            "generation_tokens", "max_total_num_tokens", "num_used_tokens", "num_cached_tokens", "num_failed_reqs",
            "num_timed_out_reqs", "num_retractions", "failed_forward_streak", "spec_accept_length",
-           "moe_expert_tokens", "hicache", "swa")
+           "moe_expert_tokens", "hicache", "swa", "mm_encoder_cache")
 
 
 def _sum(values: list[Any]) -> Any:

@@ -169,3 +169,49 @@ def test_tool_instructions_join_content_parts() -> None:
     assert system[0] == {"type": "text", "text": "be brief"} and "look" in system[1]["text"]
     assert out[1]["content"] == msgs[1]["content"]  # the image part stays where it was
     assert "look" in out[2]["content"][0]["text"] and "red" in out[3]["content"][0]["text"]
+
+
+def _tower_runs(srv) -> float:
+    import re
+
+    text = httpx.get(srv.base_url + "/metrics").text
+    m = re.search(r"^radixserve:mm_encoder_runs\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    assert m, "no mm_encoder_runs in /metrics"
+    return float(m.group(1))
+
+
+def test_streamed_answers_and_the_tower_runs_once_per_new_image(llava_server) -> None:
+    """Streamed and not, the same text; the same image again is a radix hit that runs no tower (/metrics), a new
+    image runs it once; a decompression bomb is a 400 before any pixel is decoded."""
+    import zlib
+
+    srv, _ = llava_server
+    client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none")
+    img = image(11, (45, 61))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri(img)}},
+                                             {"type": "text", "text": "go"}]}]
+    before = _tower_runs(srv)
+    whole = client.chat.completions.create(model="hf", max_tokens=NEW, temperature=0, messages=messages)
+    assert _tower_runs(srv) == before + 1
+    chunks = client.chat.completions.create(model="hf", max_tokens=NEW, temperature=0, messages=messages,
+                                            stream=True, stream_options={"include_usage": True})
+    text, usage = "", None
+    for c in chunks:
+        text += "".join(ch.delta.content or "" for ch in c.choices)
+        usage = c.usage or usage
+    assert text == whole.choices[0].message.content
+    assert usage.prompt_tokens_details.cached_tokens >= SPAN  # the image's span came from the radix cache
+    assert _tower_runs(srv) == before + 1  # ... so the tower did not run again
+    # a PNG whose header declares 30000 x 30000 pixels, with a few bytes of data: refused from the header
+    import struct
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    bomb = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+    uri = "data:image/png;base64," + base64.b64encode(bomb).decode()
+    with pytest.raises(openai.BadRequestError, match="pixels"):
+        client.chat.completions.create(model="hf", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": uri}}]}])
+    assert srv.alive()
