@@ -182,6 +182,12 @@ class CLIPEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
 
+    @classmethod
+    def from_fields(cls, f: Mapping[str, Any], act: Callable[[torch.Tensor], torch.Tensor]) -> CLIPEncoder:
+        """The encoder a vision config's fields describe (CLIP's and SigLIP's layers are the same)."""
+        return cls([CLIPEncoderLayer(f["hidden_size"], f["intermediate_size"], f["num_attention_heads"],
+                                     f["layer_norm_eps"], act) for _ in range(f["num_hidden_layers"])])
+
 
 class CLIPVisionTower(nn.Module):
     """CLIP ViT returning per-layer hidden states (transformers' `hidden_states` indexing), not the pooled output."""
@@ -196,14 +202,7 @@ class CLIPVisionTower(nn.Module):
         self.hidden_size: int = d
         self.embeddings = CLIPVisionEmbeddings(d, self.image_size, self.patch_size, f["num_channels"])
         self.pre_layrnorm = nn.LayerNorm(d, eps=f["layer_norm_eps"])  # (sic): the checkpoint's spelling
-        self.encoder = CLIPEncoder(
-            [
-                CLIPEncoderLayer(
-                    d, f["intermediate_size"], f["num_attention_heads"], f["layer_norm_eps"], act
-                )
-                for _ in range(f["num_hidden_layers"])
-            ]
-        )
+        self.encoder = CLIPEncoder.from_fields(f, act)
         # Unused by forward (it only feeds CLIP's pooled output) but in every checkpoint: kept so loading stays strict
         self.post_layernorm = nn.LayerNorm(d, eps=f["layer_norm_eps"])
 

@@ -15,7 +15,6 @@ from torch import nn
 
 from radixserve.models.vision.clip import (
     CLIPEncoder,
-    CLIPEncoderLayer,
     config_field,
     get_activation,
     load_module_weights,
@@ -123,14 +122,7 @@ class SiglipVisionTower(nn.Module):
             navit_positions=model_type != _PLAIN_SIGLIP_MODEL_TYPE,
         )
         # The encoder layer is CLIP's exactly (pre-LN, q/k/v/out_proj with bias, fc1/fc2): same names, same math
-        self.encoder = CLIPEncoder(
-            [
-                CLIPEncoderLayer(
-                    d, f["intermediate_size"], f["num_attention_heads"], f["layer_norm_eps"], act
-                )
-                for _ in range(f["num_hidden_layers"])
-            ]
-        )
+        self.encoder = CLIPEncoder.from_fields(f, act)
         self.post_layernorm = nn.LayerNorm(d, eps=f["layer_norm_eps"])
 
     @property
