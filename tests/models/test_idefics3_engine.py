@@ -20,24 +20,30 @@ SPECIAL = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<globa
            *[f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]]
 
 
+def tiny_config(config_cls, path, default_model_path: str, seed: int):
+    """An Idefics3-family config of the tests' size (a 2-layer 32-wide SigLIP, a 2-layer Llama over SmolLM2's
+    vocabulary plus the image tokens, whose tokenizer is saved to `path`), the torch seed set for its weights."""
+    from radixserve.model_loader import get_tokenizer
+
+    tok = get_tokenizer(default_model_path)
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.save_pretrained(path)
+    torch.manual_seed(seed)
+    return config_cls(
+        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 32, "patch_size": 4},
+        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 1024},
+        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"))
+
+
 @pytest.fixture(scope="module")
 def tiny_idefics3(tmp_path_factory, default_model_path):
     import transformers
 
-    from radixserve.model_loader import get_tokenizer
-
     path = tmp_path_factory.mktemp("idefics3") / "hf"
-    tok = get_tokenizer(default_model_path)
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
-    tok.save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = transformers.Idefics3Config(
-        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "image_size": 32, "patch_size": 4},
-        text_config=transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             max_position_embeddings=1024),
-        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"))
+    cfg = tiny_config(transformers.Idefics3Config, path, default_model_path, seed=0)
     transformers.Idefics3ForConditionalGeneration(cfg).save_pretrained(path)
     # SmolVLM's own config names its text model so; llama.cpp's converter picks the text class by it
     config = json.loads((path / "config.json").read_text())
@@ -139,20 +145,8 @@ def test_smolvlm2_equals_transformers(tmp_path, default_model_path) -> None:
     # transformers' own prompt string (its SmolVLMProcessor also wants a video processor, which needs torchvision)
     from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
-    from radixserve.model_loader import get_tokenizer
-
     path = tmp_path / "smolvlm"
-    tok = get_tokenizer(default_model_path)
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
-    tok.save_pretrained(path)
-    torch.manual_seed(1)
-    cfg = transformers.SmolVLMConfig(
-        vision_config={"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
-                       "image_size": 32, "patch_size": 4},
-        text_config={"model_type": "llama", "vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                     "max_position_embeddings": 1024},
-        scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"))
+    cfg = tiny_config(transformers.SmolVLMConfig, path, default_model_path, seed=1)
     model = transformers.SmolVLMForConditionalGeneration(cfg).eval()
     model.save_pretrained(path)
     improc = transformers.SmolVLMImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
