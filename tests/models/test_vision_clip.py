@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from safetensors import safe_open
 from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
 from radixserve.models.vision.clip import CLIPVisionTower
 from radixserve.models.vision.llava_projector import LlavaMultiModalProjector, llava_image_features
+from tests.models.vision_checkpoints import saved_tensors, sub
 
 TOWER, PROJ = "vision_tower.", "multi_modal_projector."
 
@@ -42,28 +40,16 @@ def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     cfg = VARIANTS[request.param]
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(cfg).eval()
-    path: Path = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(path)
-    tensors = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (safe_open is not iterable)
-    return model, cfg, tensors
-
-
-def _sub(
-    tensors: dict[str, torch.Tensor], prefix: str, new_prefix: str = ""
-) -> list[tuple[str, torch.Tensor]]:
-    return [(new_prefix + k[len(prefix) :], v) for k, v in tensors.items() if k.startswith(prefix)]
+    return model, cfg, saved_tensors(model, tmp_path_factory.mktemp(request.param))
 
 
 def _build(
     cfg: LlavaConfig, tensors: dict[str, torch.Tensor]
 ) -> tuple[CLIPVisionTower, LlavaMultiModalProjector]:
     tower = CLIPVisionTower(cfg.vision_config).eval()
-    tower.load_weights(_sub(tensors, TOWER))
+    tower.load_weights(sub(tensors, TOWER))
     projector = LlavaMultiModalProjector.from_config(cfg).eval()
-    projector.load_weights(_sub(tensors, PROJ))
+    projector.load_weights(sub(tensors, PROJ))
     return tower, projector
 
 
@@ -116,7 +102,7 @@ def test_config_dict_and_old_prefix(saved) -> None:
     model, cfg, tensors = saved
     tower = CLIPVisionTower(cfg.vision_config.to_dict())
     # Old (transformers 4) checkpoints nest the tower under vision_model. and still carry the position_ids buffer
-    old = _sub(tensors, TOWER, "vision_model.")
+    old = sub(tensors, TOWER, "vision_model.")
     old.append(("vision_model.embeddings.position_ids", torch.arange(26)[None]))
     loaded = tower.load_weights(old)
     assert loaded == {n for n, _ in tower.named_parameters()}
@@ -135,7 +121,7 @@ def test_wrong_image_size() -> None:
 def test_unknown_tensor_name(saved) -> None:
     _, cfg, tensors = saved
     tower = CLIPVisionTower(cfg.vision_config)
-    weights = _sub(tensors, TOWER) + [("encoder.layers.0.bogus.weight", torch.zeros(3))]
+    weights = sub(tensors, TOWER) + [("encoder.layers.0.bogus.weight", torch.zeros(3))]
     with pytest.raises(ValueError, match="bogus"):
         tower.load_weights(weights)
 
@@ -145,7 +131,7 @@ def test_shape_mismatch_names_shapes(saved) -> None:
     tower = CLIPVisionTower(cfg.vision_config)
     weights = [
         (k, torch.zeros(32, 33) if k == "encoder.layers.0.mlp.fc2.weight" else v)
-        for k, v in _sub(tensors, TOWER)
+        for k, v in sub(tensors, TOWER)
     ]
     with pytest.raises(ValueError, match=r"fc2\.weight.*\(32, 33\).*\(32, 37\)"):
         tower.load_weights(weights)
@@ -154,12 +140,12 @@ def test_shape_mismatch_names_shapes(saved) -> None:
 def test_missing_tensor(saved) -> None:
     _, cfg, tensors = saved
     tower = CLIPVisionTower(cfg.vision_config)
-    weights = [(k, v) for k, v in _sub(tensors, TOWER) if k != "post_layernorm.bias"]
+    weights = [(k, v) for k, v in sub(tensors, TOWER) if k != "post_layernorm.bias"]
     with pytest.raises(ValueError, match="missing.*post_layernorm.bias"):
         tower.load_weights(weights)
     projector = LlavaMultiModalProjector.from_config(cfg)
     with pytest.raises(ValueError, match="missing.*linear_2.weight"):
-        projector.load_weights([(k, v) for k, v in _sub(tensors, PROJ) if k != "linear_2.weight"])
+        projector.load_weights([(k, v) for k, v in sub(tensors, PROJ) if k != "linear_2.weight"])
 
 
 def test_bad_config_values() -> None:

@@ -3,11 +3,8 @@ a saved checkpoint."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from safetensors import safe_open
 from transformers import (
     Idefics3Config,
     Idefics3ForConditionalGeneration,
@@ -18,6 +15,7 @@ from transformers import (
 
 from radixserve.models.vision.idefics3_connector import Idefics3Connector, idefics3_image_features
 from radixserve.models.vision.siglip import SiglipVisionTower, navit_position_ids
+from tests.models.vision_checkpoints import saved_tensors, sub
 
 # transformers 5 saves Idefics3ForConditionalGeneration as model.vision_model.*, model.connector.*,
 # model.text_model.*, lm_head.*
@@ -49,28 +47,16 @@ def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     cfg = VARIANTS[request.param]
     torch.manual_seed(0)
     model = Idefics3ForConditionalGeneration(cfg).eval()
-    path: Path = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(path)
-    tensors = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118 (safe_open is not iterable)
-    return model, cfg, tensors
-
-
-def _sub(
-    tensors: dict[str, torch.Tensor], prefix: str, new_prefix: str = ""
-) -> list[tuple[str, torch.Tensor]]:
-    return [(new_prefix + k[len(prefix) :], v) for k, v in tensors.items() if k.startswith(prefix)]
+    return model, cfg, saved_tensors(model, tmp_path_factory.mktemp(request.param))
 
 
 def _build(
     cfg: Idefics3Config, tensors: dict[str, torch.Tensor]
 ) -> tuple[SiglipVisionTower, Idefics3Connector]:
     tower = SiglipVisionTower(cfg.vision_config).eval()
-    tower.load_weights(_sub(tensors, TOWER))
+    tower.load_weights(sub(tensors, TOWER))
     connector = Idefics3Connector.from_config(cfg).eval()
-    connector.load_weights(_sub(tensors, CONN))
+    connector.load_weights(sub(tensors, CONN))
     return tower, connector
 
 
@@ -128,10 +114,10 @@ def test_position_ids_are_transformers_bucketing(saved) -> None:
 def test_config_dict_and_old_prefix(saved) -> None:
     model, cfg, tensors = saved
     tower = SiglipVisionTower(cfg.vision_config.to_dict())
-    loaded = tower.load_weights(_sub(tensors, TOWER, "vision_model."))
+    loaded = tower.load_weights(sub(tensors, TOWER, "vision_model."))
     assert loaded == {n for n, _ in tower.named_parameters()}
     connector = Idefics3Connector.from_config(cfg.to_dict())
-    connector.load_weights(_sub(tensors, CONN))
+    connector.load_weights(sub(tensors, CONN))
     assert connector.scale_factor == cfg.scale_factor
     size = cfg.vision_config.image_size
     pixels = torch.randn(1, 3, size, size)
@@ -171,15 +157,15 @@ def test_wrong_image_size() -> None:
 def test_unknown_tensor_name(saved) -> None:
     _, cfg, tensors = saved
     tower = SiglipVisionTower(cfg.vision_config)
-    weights = _sub(tensors, TOWER) + [("encoder.layers.0.bogus.weight", torch.zeros(3))]
+    weights = sub(tensors, TOWER) + [("encoder.layers.0.bogus.weight", torch.zeros(3))]
     with pytest.raises(ValueError, match="bogus"):
         tower.load_weights(weights)
     # The whole-model prefix is not stripped: callers pass tower-relative names
     with pytest.raises(ValueError, match="model.vision_model.embeddings"):
-        tower.load_weights(_sub(tensors, TOWER, TOWER))
+        tower.load_weights(sub(tensors, TOWER, TOWER))
     connector = Idefics3Connector.from_config(cfg)
     with pytest.raises(ValueError, match="modality_projection.proj.bias"):
-        connector.load_weights(_sub(tensors, CONN) + [("modality_projection.proj.bias", torch.zeros(64))])
+        connector.load_weights(sub(tensors, CONN) + [("modality_projection.proj.bias", torch.zeros(64))])
 
 
 def test_shape_mismatch_names_shapes(saved) -> None:
@@ -187,7 +173,7 @@ def test_shape_mismatch_names_shapes(saved) -> None:
     tower = SiglipVisionTower(cfg.vision_config)
     weights = [
         (k, torch.zeros(32, 33) if k == "encoder.layers.0.mlp.fc2.weight" else v)
-        for k, v in _sub(tensors, TOWER)
+        for k, v in sub(tensors, TOWER)
     ]
     with pytest.raises(ValueError, match=r"fc2\.weight.*\(32, 33\).*\(32, 37\)"):
         tower.load_weights(weights)
@@ -195,13 +181,13 @@ def test_shape_mismatch_names_shapes(saved) -> None:
     s = cfg.scale_factor
     connector = Idefics3Connector(32, 64, scale_factor=s + 1)
     with pytest.raises(ValueError, match=rf"\(64, {32 * s * s}\).*\(64, {32 * (s + 1) ** 2}\)"):
-        connector.load_weights(_sub(tensors, CONN))
+        connector.load_weights(sub(tensors, CONN))
 
 
 def test_missing_tensor(saved) -> None:
     _, cfg, tensors = saved
     tower = SiglipVisionTower(cfg.vision_config)
-    weights = [(k, v) for k, v in _sub(tensors, TOWER) if k != "embeddings.patch_embedding.bias"]
+    weights = [(k, v) for k, v in sub(tensors, TOWER) if k != "embeddings.patch_embedding.bias"]
     with pytest.raises(ValueError, match=r"missing.*embeddings\.patch_embedding\.bias"):
         tower.load_weights(weights)
     connector = Idefics3Connector.from_config(cfg)
