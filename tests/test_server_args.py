@@ -17,7 +17,12 @@ from radixserve.server_args import ServerArgs
      ("tool_call_parser", "gpt-oss"), ("log_level", "loud"),
      ("ep_size", 0), ("ep_size", 2), ("ep_size", 10**9),  # ep_size must divide tp_size (1 here)
      ("mem_fraction_static", 0.0), ("mem_fraction_static", 1.5), ("mem_fraction_static", float("nan")),
-     ("mem_fraction_static", 1e300)],
+     ("mem_fraction_static", 1e300),
+     # images (docs/multimodal.md)
+     ("max_images_per_request", -1), ("max_images_per_request", 10**9), ("max_image_bytes", 10**15),
+     ("max_image_bytes", 1), ("max_image_pixels", 0), ("max_image_pixels", 10**12), ("max_image_pixels", True),
+     ("mm_encoder_cache_mb", -1), ("mm_encoder_cache_mb", 1e12), ("mm_encoder_cache_mb", float("nan")),
+     ("allowed_local_media_path", "/no/such/dir"), ("mmproj", "/no/such/file.gguf")],
 )
 def test_bad_value_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"ServerArgs.{field}"):
