@@ -22,7 +22,7 @@ BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serv
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from radixserve.entrypoints.http_server import launch_server  # lazy: torch+fastapi only for `serve`
+    from radixserve.entrypoints.launch_server import launch_server  # lazy: the serve path only
 
     launch_server(ServerArgs.from_cli_args(args))
 

@@ -1,8 +1,9 @@
 """The HTTP server: FastAPI on uvicorn in front of the scheduler process(es) (entrypoints/replicas.py).
 
-    launch_server(args): bind the port (fail fast) -> scheduler process loads the model while
-        this one loads the tokenizer -> uvicorn; lifespan start: TokenizerManager on uvicorn's
-        loop + watchdog on the scheduler -> "radixserve ready on http://HOST:PORT (model NAME)"
+    launch_server(args) (launch_server.py): bind the port (fail fast) -> spawn the scheduler process(es),
+        which load the model while this one imports this module and loads the tokenizer -> uvicorn;
+        lifespan start: TokenizerManager on uvicorn's loop + watchdog on the scheduler
+        -> "radixserve ready on http://HOST:PORT (model NAME)"
     SIGTERM / Ctrl-C: drain -- new requests (and /health) get 503 while running ones finish, for
         up to --graceful-shutdown-timeout seconds (then uvicorn cancels them: their KV is freed)
         -> lifespan end: ShutdownReq to the scheduler, join / terminate it, IPC files removed
@@ -18,11 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
-import signal
-import socket
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,7 +46,7 @@ from radixserve.entrypoints.openai_protocol import (
 )
 from radixserve.entrypoints.openai_serving import APIError, install_error_handlers, scheduler_died
 from radixserve.entrypoints.openapi_docs import error_responses, install_openapi, json_body
-from radixserve.entrypoints.replicas import Replicas, launch_replicas
+from radixserve.entrypoints.replicas import Replicas
 from radixserve.entrypoints.request_gate import RequestGate
 from radixserve.entrypoints.server_routes import add_info_routes
 from radixserve.entrypoints.serving_chat import OpenAIServingChat
@@ -58,14 +55,12 @@ from radixserve.entrypoints.serving_generate import NativeServing
 from radixserve.entrypoints.surfaces import SCHEMA_MODELS as SURFACE_SCHEMA_MODELS
 from radixserve.entrypoints.surfaces import add_surface_routes, make_surface_servings
 from radixserve.entrypoints.web.routes import add_web_routes
-from radixserve.entrypoints.worker_node import run_worker_node
 from radixserve.exceptions import SchedulerDied
 from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.managers.io_struct import ShutdownReq
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout
 from radixserve.metrics import ServerMetrics
-from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs
 
 SCHEDULER_STOP_TIMEOUT_S = 3.0  # after the ShutdownReq: its current step may take a while on CPU
@@ -198,88 +193,3 @@ async def _announce_ready(state: ServerState) -> None:
     shown = f"[{host}]" if ":" in host else host
     name = state.server_args.model_name()
     print(f"radixserve ready on http://{shown}:{state.port} (model {name})", flush=True)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """Bind before loading the model, so a busy port fails in a second, not after the load."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise SystemExit(f"radixserve: cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
-class _Background:
-    """A function run on a daemon thread (Ctrl-C during start-up must not wait for it)."""
-
-    def __init__(self, fn: Any, *args: Any) -> None:
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="rs-load", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Any, args: tuple[Any, ...]) -> None:
-        try:
-            self._result = fn(*args)
-        except BaseException as e:  # noqa: BLE001  # re-raised in the caller by result()
-            self._error = e
-
-    def result(self) -> Any:
-        while self._thread.is_alive():
-            self._thread.join(0.5)  # a timeout keeps the main thread responsive to signals
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-
-def _start_scheduler(server_args: ServerArgs) -> tuple[Replicas, Any]:
-    """The scheduler process loads the model while this process loads the tokenizer."""
-    model_path = server_args.resolved_model_path()
-    print(f"radixserve: loading {model_path} ...", flush=True)
-    tokenizer = _Background(get_tokenizer, model_path, server_args.tokenizer_path, server_args.chat_template)
-    handle = launch_replicas(server_args)
-    try:
-        return handle, tokenizer.result()
-    except BaseException:
-        handle.stop(2.0)
-        raise
-
-
-def launch_server(server_args: ServerArgs) -> None:
-    """Run the server until SIGTERM / Ctrl-C; exits with status 1 if the scheduler dies. A node other than
-    node 0 of a multi-node group serves no HTTP: it runs its ranks (worker_node.py)."""
-    if server_args.node_rank > 0:
-        logging.basicConfig(level=server_args.log_level.upper())
-        return run_worker_node(server_args)
-    logging.basicConfig(level=server_args.log_level.upper(),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # SIGTERM behaves as Ctrl-C: while the model loads it interrupts launch_replicas (which
-    # then stops its child), and later uvicorn's own handlers take over and drain.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    sock = _bind(server_args.host, server_args.port)
-    handle: Replicas | None = None
-    state: ServerState | None = None
-    try:
-        try:
-            handle, tokenizer = _start_scheduler(server_args)
-        except (RuntimeError, OSError, ValueError) as e:  # a bad model path / file: one line, no traceback
-            raise SystemExit(f"radixserve: cannot start: {e}") from None
-        state = ServerState(server_args, handle, tokenizer, port=sock.getsockname()[1])
-        config = uvicorn.Config(build_app(state), log_level=server_args.log_level, loop="asyncio",
-                                timeout_graceful_shutdown=server_args.graceful_shutdown_timeout, timeout_keep_alive=30)
-        state.uvicorn_server = _UvicornServer(config, state)
-        state.uvicorn_server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if handle is not None:
-            handle.stop(scheduler_stop_timeout(server_args, SCHEDULER_STOP_TIMEOUT_S))
-        sock.close()
-    if state is not None and state.death_reason:
-        raise SystemExit(1)
-    print("radixserve: stopped", flush=True)

@@ -33,8 +33,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-
 from radixserve.distributed.host_port import parse_host_port
 from radixserve.distributed.rank_layout import RankLayout
 from radixserve.managers.scheduler_process import DIST_TIMEOUT_EXIT_CODE, PEER_LOST_EXIT_CODE
@@ -67,6 +65,8 @@ def open_rendezvous(args: ServerArgs) -> Any:
     """Node 0 hosts the TCPStore at --dist-init-addr (and publishes its parallel settings); any other node
     connects to it within --dist-init-timeout and checks it was started with the same settings.
     ValueError / RuntimeError naming the address when it cannot."""
+    import torch.distributed as dist  # lazy: a one-node launch spawns its scheduler before torch is imported
+
     host, port = parse_host_port(args.dist_init_addr)
     mine = {k: getattr(args, k) for k in _CONFIG_FIELDS}
     if args.node_rank == 0:

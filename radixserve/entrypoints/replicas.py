@@ -1,6 +1,7 @@
 """Replicas: the scheduler groups of one server, one per data-parallel rank (--dp-size N; 1 without it).
 
-    launch_replicas(args) -> Replicas
+    launch_replicas(args) -> Replicas  (= start_replicas(args).wait(): the HTTP server spawns first, then imports
+        its own modules while the replicas load)
         replica k = what launch_scheduler starts (tp_size * pp_size ranks), with its own arguments: its own
         --dist-init-addr port, its own --trace-batches file (FILE.dpK.EXT), its own GPUs (replica k
         sees GPUs k*n .. k*n+n-1 of those visible, n = tp * pp), dp_rank k in its logs and answers. Every replica
@@ -102,26 +103,51 @@ def replica_env(args: ServerArgs, k: int) -> dict[str, str] | None:
     return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus[k * per:(k + 1) * per])}
 
 
-def launch_replicas(args: ServerArgs, timeout_s: float = 900.0) -> Replicas:
+@dataclass
+class PendingReplicas:
+    """Every replica spawned and loading; wait() awaits them in turn (kill() stops them all)."""
+
+    args: ServerArgs
+    pending: list[PendingScheduler]
+
+    def wait(self, timeout_s: float = 900.0) -> Replicas:
+        handles: list[SchedulerHandle] = []
+        try:
+            deadline = time.monotonic() + timeout_s
+            for p in self.pending:
+                handles.append(p.wait_ready(max(1.0, deadline - time.monotonic())))
+        except BaseException:
+            for h in handles:
+                h.stop(2.0)
+            for p in self.pending[len(handles):]:
+                p.kill()
+            raise
+        info = dict(handles[0].info)
+        # the TokenizerManager bounds one request by a replica's pool: the smallest, should they differ
+        info["max_total_num_tokens"] = min(h.info["max_total_num_tokens"] for h in handles)
+        return Replicas(handles, info)
+
+    def kill(self) -> None:
+        for p in self.pending:
+            p.kill()
+
+
+def start_replicas(args: ServerArgs) -> PendingReplicas:
+    """Spawn every replica without waiting (from the calling thread: see start_scheduler)."""
     envs = [replica_env(args, k) for k in range(args.dp_size)]  # a bad GPU count fails before anything forks
     ports = _free_ports(args.dp_size) if args.dp_size > 1 and args.ranks_per_replica > 1 else []
     pending: list[PendingScheduler] = []
-    handles: list[SchedulerHandle] = []
     try:
         from_scheduler = None
         for k in range(args.dp_size):
             pending.append(start_scheduler(replica_args(args, k, ports), from_scheduler, k, envs[k]))
             from_scheduler = pending[0].ports.from_scheduler  # every replica's outputs go to one address
-        deadline = time.monotonic() + timeout_s
-        for p in pending:
-            handles.append(p.wait_ready(max(1.0, deadline - time.monotonic())))
     except BaseException:
-        for h in handles:
-            h.stop(2.0)
-        for p in pending[len(handles):]:
+        for p in pending:
             p.kill()
         raise
-    info = dict(handles[0].info)
-    # the TokenizerManager bounds one request by a replica's pool: the smallest, should they differ
-    info["max_total_num_tokens"] = min(h.info["max_total_num_tokens"] for h in handles)
-    return Replicas(handles, info)
+    return PendingReplicas(args, pending)
+
+
+def launch_replicas(args: ServerArgs, timeout_s: float = 900.0) -> Replicas:
+    return start_replicas(args).wait(timeout_s)

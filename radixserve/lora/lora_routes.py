@@ -21,13 +21,11 @@ from starlette.responses import JSONResponse, Response
 from radixserve.entrypoints.openai_protocol import _Request
 from radixserve.entrypoints.openai_serving import APIError, parse_body
 from radixserve.lora.lora_config import check_adapter_name
-from radixserve.lora.lora_manager import LoRANotFound
 from radixserve.lora.lora_registry import front_registry
 from radixserve.managers.io_struct import LoRAControlReq, RpcOutput
 
 if TYPE_CHECKING:
     from radixserve.entrypoints.http_server import ServerState
-    from radixserve.lora.lora_scheduling import LoRAScheduling
 
 UNLOAD_POLL_S = 0.05
 UNLOAD_WAIT_S = 3600.0  # the longest an unload call waits for the adapter's requests (each has its own bounds)
@@ -40,17 +38,6 @@ class LoadLoRARequest(_Request):
 
 class UnloadLoRARequest(_Request):
     lora_name: str
-
-
-def answer_lora_control(lora: LoRAScheduling, msg: LoRAControlReq, dp_rank: int) -> RpcOutput:
-    """The scheduler's answer: data holds the result, or error + status (404 unknown, 400 bad adapter)."""
-    try:
-        data = lora.control(msg.op, msg.name, msg.path, msg.uid)
-        return RpcOutput("lora", ok=True, data=data, rpc_id=msg.rpc_id, dp_rank=dp_rank)
-    except LoRANotFound as e:
-        return RpcOutput("lora", ok=False, data={"error": str(e), "status": 404}, rpc_id=msg.rpc_id, dp_rank=dp_rank)
-    except ValueError as e:
-        return RpcOutput("lora", ok=False, data={"error": str(e), "status": 400}, rpc_id=msg.rpc_id, dp_rank=dp_rank)
 
 
 async def lora_control(tm: Any, op: str, name: str = "", path: str | None = None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from radixserve.lora.lora_manager import LoRAManager, LoRANotFound
+from radixserve.managers.io_struct import LoRAControlReq, RpcOutput
 
 if TYPE_CHECKING:
     from radixserve.managers.req import Req
@@ -98,3 +99,14 @@ class LoRAScheduling:
         if op == "list":
             return m.info()
         raise ValueError(f"unknown LoRA control op {op!r}")
+
+
+def answer_lora_control(lora: LoRAScheduling, msg: LoRAControlReq, dp_rank: int) -> RpcOutput:
+    """The scheduler's answer: data holds the result, or error + status (404 unknown, 400 bad adapter)."""
+    try:
+        data = lora.control(msg.op, msg.name, msg.path, msg.uid)
+        return RpcOutput("lora", ok=True, data=data, rpc_id=msg.rpc_id, dp_rank=dp_rank)
+    except LoRANotFound as e:
+        return RpcOutput("lora", ok=False, data={"error": str(e), "status": 404}, rpc_id=msg.rpc_id, dp_rank=dp_rank)
+    except ValueError as e:
+        return RpcOutput("lora", ok=False, data={"error": str(e), "status": 400}, rpc_id=msg.rpc_id, dp_rank=dp_rank)

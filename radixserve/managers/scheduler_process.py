@@ -41,7 +41,6 @@ from typing import Any
 import zmq
 
 from radixserve.distributed.rank_layout import RankLayout
-from radixserve.lora.lora_routes import answer_lora_control
 from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
@@ -53,7 +52,6 @@ from radixserve.managers.io_struct import (
     ShutdownReq,
     TokenizedGenerateReqInput,
 )
-from radixserve.mem_cache.radix_tree_view import radix_tree_json
 from radixserve.server_args import ServerArgs
 
 PEER_LOST_EXIT_CODE = 3  # a collective failed because a peer went away (see the docstring)
@@ -147,9 +145,12 @@ class SchedulerProcess:
                 data.update(s.get_steps(msg.steps_since, msg.steps_rid, msg.steps_limit))
             self.send(RpcOutput("server_info", data=data, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, GetRadixTreeReq):
+            from radixserve.mem_cache.radix_tree_view import radix_tree_json  # lazy: no torch in the launcher
+
             tree = radix_tree_json(s.tree_cache, msg.max_nodes, msg.max_depth)
             self.send(RpcOutput("radix_tree", data=tree, rpc_id=msg.rpc_id, dp_rank=self.dp_rank))
         elif isinstance(msg, LoRAControlReq):
+            from radixserve.lora.lora_scheduling import answer_lora_control  # lazy: no torch in the launcher
 
             self.send(answer_lora_control(s.lora, msg, self.dp_rank))
         elif isinstance(msg, ShutdownReq):
