@@ -99,15 +99,25 @@ def default_tokenizer_fields() -> tuple[TokenizerField, ...]:
     return tuple(out)
 
 
+RESERVED_CONTROL = 256  # Llama 3's reserved special tokens: the last 256 ids of its 128,256
+
+
 def _tokenizer_fields(vocab: int) -> list[TokenizerField]:
-    """default_tokenizer_fields() with its per-token lists padded with reserved control tokens to `vocab`."""
+    """default_tokenizer_fields() with its per-token lists padded to `vocab` as a real large vocabulary is: normal
+    tokens, then (like Llama 3) up to 256 reserved control tokens. Not all control: transformers keeps every
+    control token as an added token, and 79,000 of them made the tokenizer alone take ~6 s to load, which no real
+    model's does."""
     fields = default_tokenizer_fields()
     tokens = next(v for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
     extra = vocab - len(tokens)
     if extra < 0:
         raise ValueError(f"vocabulary {vocab} is smaller than the template's {len(tokens)}")
-    pad = {"tokenizer.ggml.tokens": [f"<|reserved_{i}|>" for i in range(extra)],
-           "tokenizer.ggml.token_type": [3] * extra,  # CONTROL: never produced by the merges
+    control = min(extra, RESERVED_CONTROL)
+    normal = extra - control
+    pad = {"tokenizer.ggml.tokens": [f"<|pad_{i}|>" for i in range(normal)] +
+                                    [f"<|reserved_{i}|>" for i in range(control)],
+           # NORMAL pads are never produced by the merges; CONTROL (3) tokens are never split out of text
+           "tokenizer.ggml.token_type": [1] * normal + [3] * control,
            "tokenizer.ggml.scores": [0.0] * extra}
     return [(key, value + pad[key] if key in pad else value, vtype, sub) for key, value, vtype, sub in fields]
 
@@ -182,5 +192,5 @@ def scale_file(name: str, folder: str) -> str:
     """The file of shape `name` in `folder`, written on first use."""
     s = SHAPES[name]
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{s.name}-random-Q4_K_M.gguf")
+    path = os.path.join(folder, f"{s.name}-random-v2-Q4_K_M.gguf")  # v2: the realistic tokenizer
     return path if os.path.exists(path) else write_scale_gguf(s, path)

@@ -180,8 +180,11 @@ def start_scheduler(server_args: ServerArgs, from_scheduler: str | None = None, 
     """Spawn this node's ranks of one replica (from the calling thread: each sets PR_SET_PDEATHSIG, which
     fires when the thread that spawned it ends) without waiting for them to load."""
     layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
-    cfg = get_model_config(server_args.resolved_model_path(), server_args.context_length)
-    check_model_fits(cfg, layout.tp_size, layout.pp_size, server_args.ep_size)
+    if layout.world_size > 1 or server_args.ep_size > 1:
+        # a split that cannot work fails here, once, before N processes start; one process checks for itself
+        # (reading the config imports torch: ~1.3 s before the spawn, on the path to ready)
+        cfg = get_model_config(server_args.resolved_model_path(), server_args.context_length)
+        check_model_fits(cfg, layout.tp_size, layout.pp_size, server_args.ep_size)
     store = None
     if layout.world_size > 1:
         if server_args.dist_init_addr is None:

@@ -6,15 +6,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from radixserve.lora.lora_config import parse_lora_paths
+
 MAX_LORA_RANK = 1024
 MAX_LOADED_LORAS = 1024
 
 
 def check_lora_args(args: Any, bad: Callable[[str, str], None]) -> None:
-    from radixserve.lora.lora_manager import (
-        parse_lora_paths,  # lazy: lora_manager needs torch; server_args loads without it
-    )
-
     if args.lora_paths is not None and not isinstance(args.lora_paths, tuple):
         object.__setattr__(args, "lora_paths", tuple(args.lora_paths))  # the CLI gives a list; frozen: once, here
     try:

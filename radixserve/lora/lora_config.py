@@ -106,3 +106,19 @@ class LoRAConfig:
                              "string")
         return cls(name=name, path=path, r=r, lora_alpha=float(alpha), use_rslora=bool(raw.get("use_rslora", False)),
                    target_modules=target_tuple)
+
+
+def parse_lora_paths(entries: tuple[str, ...] | list[str] | None) -> dict[str, str]:
+    """--lora-paths entries `name=path` (or a bare path, named after its folder) -> {name: path}."""
+    out: dict[str, str] = {}
+    for entry in entries or ():
+        name, sep, path = entry.partition("=")
+        if not sep:
+            path, name = entry, os.path.basename(os.path.normpath(entry))
+        check_adapter_name(name)
+        if not path:
+            raise ValueError(f"LoRA adapter {name!r}: empty path in {entry!r}")
+        if name in out:
+            raise ValueError(f"LoRA adapter name {name!r} is given twice")
+        out[name] = path
+    return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -41,22 +40,6 @@ class LoRANotFound(KeyError):
 
     def __str__(self) -> str:
         return f"LoRA adapter {self.name!r} is not loaded"
-
-
-def parse_lora_paths(entries: tuple[str, ...] | list[str] | None) -> dict[str, str]:
-    """--lora-paths entries `name=path` (or a bare path, named after its folder) -> {name: path}."""
-    out: dict[str, str] = {}
-    for entry in entries or ():
-        name, sep, path = entry.partition("=")
-        if not sep:
-            path, name = entry, os.path.basename(os.path.normpath(entry))
-        check_adapter_name(name)
-        if not path:
-            raise ValueError(f"LoRA adapter {name!r}: empty path in {entry!r}")
-        if name in out:
-            raise ValueError(f"LoRA adapter name {name!r} is given twice")
-        out[name] = path
-    return out
 
 
 @dataclass

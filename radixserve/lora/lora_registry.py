@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.lora.lora_manager import LoRANotFound, parse_lora_paths
+from radixserve.lora.lora_config import parse_lora_paths
+from radixserve.lora.lora_manager import LoRANotFound
 
 
 class LoRARegistry:

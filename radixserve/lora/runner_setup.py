@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.lora.lora_batch import LoRABatch
 from radixserve.lora.lora_dense import ROW_LIMIT
-from radixserve.lora.lora_manager import LoRAManager, parse_lora_paths
+from radixserve.lora.lora_config import parse_lora_paths
+from radixserve.lora.lora_manager import LoRAManager
 
 if TYPE_CHECKING:
     from radixserve.model_executor.model_runner import ModelRunner

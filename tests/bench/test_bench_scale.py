@@ -36,6 +36,16 @@ def test_the_mix_is_llama_cpps_q4_k_m(files) -> None:
     assert len(tokens.data) == TINY.vocab and bytes(tokens.parts[tokens.data[-1]]) == b"<|reserved_39|>"
 
 
+def test_a_large_vocabulary_pads_normal_tokens_then_256_control_ones() -> None:
+    """As Llama 3's 128,256: a file padded with tens of thousands of control tokens would make transformers'
+    tokenizer load for seconds, which no real model's does (bench scale times the server's start)."""
+    fields = {k: v for k, v, _, _ in scale_files._tokenizer_fields(49152 + 300)}
+    types, tokens = fields["tokenizer.ggml.token_type"], fields["tokenizer.ggml.tokens"]
+    assert len(types) == len(tokens) == 49152 + 300
+    assert types[49152:49152 + 44] == [1] * 44 and types[-256:] == [3] * 256
+    assert tokens[-1] == "<|reserved_255|>" and len(set(tokens)) == len(tokens)
+
+
 @pytest.mark.parametrize("name", ["tiny-dense", "tiny-moe"])
 def test_the_files_load_and_run_to_finite_logits(files, name) -> None:
     from radixserve.model_executor.model_runner import ModelRunner

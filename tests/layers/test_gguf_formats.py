@@ -244,6 +244,33 @@ def test_the_cpp_repack_makes_the_python_paths_bytes(qtype, groups, blocks, seed
         assert (a is None and b is None) or torch.equal(a, b)
 
 
+@settings(max_examples=15, deadline=None)
+@given(groups=st.lists(st.integers(1, 3), min_size=2, max_size=3), blocks=st.integers(1, 2),
+       q6=st.lists(st.booleans(), min_size=3, max_size=3).filter(lambda b: len(set(b)) == 2), seed=st.integers(0, 2**31))
+def test_the_cpp_repack_of_a_mixed_stack_makes_the_python_paths_bytes(groups, blocks, q6, seed) -> None:
+    """A stack of Q4_K and Q6_K sources (Q4_K_M's q/k and v): csrc/repack.cpp writes their join, Q8_M16, with
+    exactly the bytes of the general path (each source's rows promoted, then QuantWeight.from_rows)."""
+    from radixserve.kernels.cpu import load_cpu_ops
+    from radixserve.layers.quantization import plan
+
+    if load_cpu_ops()[0] is None:
+        pytest.skip("no C++ kernels")
+    types = ["Q6_K" if b else "Q4_K" for b in q6[: len(groups)]]
+    if len(set(types)) < 2:
+        types[-1] = "Q4_K" if types[0] == "Q6_K" else "Q6_K"
+    fmts = [FORMATS[t] for t in types]
+    raws = [random_blocks(t, 8 * g, blocks, seed + i) for i, (t, g) in enumerate(zip(types, groups))]
+    got = plan._repack_in_cpp(fmts, raws, [(0, 0, r.shape[0], r.shape[0]) for r in raws])
+    kind = join_kinds([f.kind for f in fmts])
+    want = QuantWeight.from_rows(QuantRows.cat([f.rows(r).promote(kind) for f, r in zip(fmts, raws)]))
+    assert got is not None and (got.kind, got.n, got.k) == (want.kind, want.n, want.k) == (kind, want.n, want.k)
+    for a, b in ((got.data, want.data), (got.d, want.d), (got.m, want.m)):
+        assert torch.equal(a, b)
+    bad = raws[0].copy()
+    bad[0, (208 if types[0] == "Q6_K" else 0):][:2] = np.array([np.nan], np.float16).view(np.uint8)
+    assert plan._repack_in_cpp(fmts, [bad, *raws[1:]], [(0, 0, r.shape[0], r.shape[0]) for r in raws]) is None
+
+
 def test_the_cpp_repack_leaves_non_finite_scales_and_other_cases_to_python() -> None:
     from radixserve.kernels.cpu import load_cpu_ops
     from radixserve.layers.quantization import plan
@@ -258,7 +285,7 @@ def test_the_cpp_repack_leaves_non_finite_scales_and_other_cases_to_python() -> 
     assert plan._repack_in_cpp([f], [raw[:12]], [(0, 0, 12, 12)]) is None  # not whole 8-row groups
     assert plan._repack_in_cpp([f], [raw], [(1, 0, 128, 16)]) is None  # a K cut (row-parallel)
     assert plan._repack_in_cpp([f], [raw], [(0, 0, 16, 24)]) is None  # a padded vocabulary slice
-    assert plan._repack_in_cpp([f, FORMATS["Q6_K"]], [raw, raw], [(0, 0, 16, 16)] * 2) is None  # a mixed stack
+    assert plan._repack_in_cpp([f, FORMATS["Q5_K"]], [raw, raw], [(0, 0, 16, 16)] * 2) is None  # not in C++
     # and the planner's general path still packs the non-finite file exactly as before
     layer = _Cut(0, 0, 16, None)
     got = plan._pack_exact("layer", layer, [f], [("t", None)], _Blocks({"t": ("Q4_K", bad)}))

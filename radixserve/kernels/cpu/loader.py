@@ -8,7 +8,8 @@
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
     csrc/lora_sgmv.cpp         lora_sgmv (each row's own LoRA adapter delta on one projection)
     csrc/fused_experts.cpp     fused_experts (a MoE layer's routed experts on their stacked low-bit blocks)
-    csrc/repack.cpp            repack_kquant (a GGUF Q4_K / Q6_K tensor's blocks into quant_linear's layout)
+    csrc/repack.cpp            repack_kquant (a GGUF Q4_K / Q6_K tensor's blocks into quant_linear's layout;
+                               _m16: a stack mixing the two, into their join Q8_M16)
     csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h), and
                                quant_tiles.h: the quantised GEMM's register tiles (quant_linear.cpp)
 
@@ -129,7 +130,16 @@ def build_dir(isa: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _build() -> tuple[Any | None, str, str]:
-    """(ops, reason, isa). One variant per process: every variant registers torch.ops.radixserve_cpu."""
+    """(ops, reason, isa), logged once. One variant per process: every variant registers torch.ops.radixserve_cpu."""
+    ops, reason, isa = _build_variant()
+    if ops is None:
+        logger.warning("C++ CPU kernels unavailable, using the PyTorch paths: %s", reason.splitlines()[0][:300])
+    else:
+        logger.info("C++ CPU kernels: %s variant", isa)
+    return ops, reason, isa
+
+
+def _build_variant() -> tuple[Any | None, str, str]:
     try:
         isa = selected_isa()
     except ValueError as e:
@@ -185,11 +195,7 @@ def loaded_isa() -> str | None:
 
 def load_cpu_ops() -> tuple[Any | None, str]:
     """(torch.ops.radixserve_cpu, "") once built or loaded; (None, reason) when this machine cannot."""
-    ops, reason, isa = _build()
-    if ops is None:
-        logger.warning("C++ CPU kernels unavailable, using the PyTorch paths: %s", reason.splitlines()[0][:300])
-    else:
-        logger.info("C++ CPU kernels: %s variant", isa)
+    ops, reason, _ = _build()
     return ops, reason
 
 

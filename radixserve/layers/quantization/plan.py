@@ -40,6 +40,8 @@ from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.qweight import (
     KIND_NAMES,
+    KINDS,
+    QBLOCK,
     QKIND_Q4_1,
     QKIND_Q8_0,
     QROWS,
@@ -220,40 +222,52 @@ def _pack_exact(name: str, mod: nn.Module, fmts: list, srcs: list[tuple[str, obj
     return QuantWeight.cat_groups([pack(c) for c in chunks])
 
 
-# GGUF types csrc/repack.cpp turns into the kernel layout in one pass: ggml id, data bytes per 32-block, record
-# bytes per 256 values (8 float32 super-scales + int8 subs of 8 rows), whether it has mins
-_CPP_REPACK = {"Q4_K": (12, 128, 96, True), "Q6_K": (14, 192, 160, False)}
+# GGUF types csrc/repack.cpp turns into the kernel layout in one pass, by ggml type id
+_CPP_REPACK = {"Q4_K": 12, "Q6_K": 14}
 
 
 def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, int, int, int]]) -> QuantWeight | None:
-    """The common case of a K-quant file (every stacked source Q4_K, or every one Q6_K; whole rows of this rank, in
-    whole 8-row groups, no padding) packed by csrc/repack.cpp, byte for byte what the general path makes (~20x
-    faster: one pass over the mapped blocks instead of ~10 over one byte a weight). None: the general path's case
-    (other types or stacks, a K cut, a padded vocabulary slice, no C++ kernels, a non-finite scale)."""
-    if len({f.name for f in fmts}) != 1 or fmts[0].name not in _CPP_REPACK:
+    """The common case of a K-quant file (every stacked source Q4_K or Q6_K; whole rows of this rank, in whole
+    8-row groups, no padding) packed by csrc/repack.cpp, byte for byte what the general path makes (~20x faster:
+    one pass over the mapped blocks instead of ~10 over one byte a weight). A stack of one type keeps its kind; a
+    mixed one (Q4_K_M's q/k in Q4_K, v in Q6_K) takes their join, Q8_M16. None: the general path's case (other
+    types, a K cut, a padded vocabulary slice, no C++ kernels, a non-finite scale)."""
+    names = {f.name for f in fmts}
+    if not names <= set(_CPP_REPACK):
         return None
     if any(dim != 0 or padded != v.shape[0] or v.shape[0] % QROWS for v, (dim, _, _, padded) in zip(views, cuts)):
         return None
     ops, _ = load_cpu_ops()
     if ops is None:
         return None
-    qid, block_data, record, has_min = _CPP_REPACK[fmts[0].name]
+    mixed = len(names) > 1
+    kind = join_kinds([f.kind for f in fmts])
     nj = views[0].shape[1] // fmts[0].block_bytes  # super-blocks a row: one K for every stacked source
     n = sum(v.shape[0] for v in views)
     # the whole stack's tensors at once, each source's 8-row groups written in place (no copy to join them)
+    block_data = KINDS[kind].block_bytes
+    record = 32 + 64 * (QBLOCK // KINDS[kind].group)  # 8 float32 super-scales + int8 subs of 8 rows
     data = torch.empty(n // QROWS, nj * 8 * block_data, dtype=torch.uint8)
     d = torch.empty(n // QROWS, nj * record, dtype=torch.uint8)
-    m = torch.empty_like(d) if has_min else None
+    m = torch.empty_like(d) if KINDS[kind].has_min else None
     g0 = 0
-    for v in views:
+    for f, v in zip(fmts, views):
         g1 = g0 + v.shape[0] // QROWS
         with warnings.catch_warnings():  # read-only: the mapped file is only read
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.from_numpy(np.ascontiguousarray(v))
-        if not ops.repack_kquant(raw, qid, data[g0:g1], d[g0:g1], None if m is None else m[g0:g1]):
+        qid = _CPP_REPACK[f.name]
+        if mixed:
+            assert m is not None  # Q8_M16 has mins
+            done = ops.repack_kquant_m16(raw, qid, data[g0:g1], d[g0:g1], m[g0:g1])
+        else:
+            done = ops.repack_kquant(raw, qid, data[g0:g1], d[g0:g1], None if m is None else m[g0:g1])
+        if not done:
             return None
         g0 = g1
-    return QuantWeight(fmts[0].kind, n, nj * fmts[0].block_size, data, d, m)
+    if not KINDS[kind].packed:
+        data = data.view(torch.int8)  # an 8-bit kind's values are signed (the general path's dtype)
+    return QuantWeight(kind, n, nj * fmts[0].block_size, data, d, m)
 
 
 def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int:

@@ -31,4 +31,5 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   // a GGUF Q4_K (12) / Q6_K (14) tensor's raw block rows into quant_linear's layout (repack.cpp); false: a
   // non-finite float16 scale, left to the Python path
   m.def("repack_kquant(Tensor raw, int qtype, Tensor(a!) data, Tensor(b!) d, Tensor(c!)? m) -> bool");
+  m.def("repack_kquant_m16(Tensor raw, int qtype, Tensor(a!) data, Tensor(b!) d, Tensor(c!) m) -> bool");
 }

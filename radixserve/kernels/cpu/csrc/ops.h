@@ -39,5 +39,6 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
 // repack.cpp: a GGUF K-quant tensor's raw rows into quant_linear's layout (schema in ops.cpp)
 bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d,
                    const c10::optional<at::Tensor>& m);
+bool repack_kquant_m16(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d, at::Tensor& m);
 
 }  // namespace radixserve

@@ -11,6 +11,12 @@
 //                          (p, row i, byte c) holds bits 4-5 of element 8t + 4h + c at bits 4(t - 2p) + 2h
 //     d     [G, nj * 160]  the 8 rows' float32 d, then int8 scales (sub-block s < 16, row i)
 //
+//   A stack mixing the two (Q4_K_M's q/k in Q4_K, v in Q6_K) takes their join, kind Q8_M16 (qweight.join_kinds):
+//     data  [G, nb * 256]  per 32-block (quarter t < 8, row i < 8, byte c < 4) = int8 element 4t + c: Q4_K's
+//                          nibble as 0..15, Q6_K's value - 32
+//     d, m  [G, nj * 160]  as Q6 above with 16 int8 subs; Q4_K's sub-scale / min of 32 repeated for both of its
+//                          16-halves, Q6_K's min record all zero (promote(): m_super = m_sub = 0)
+//
 // Every byte equals the Python path's (tests/layers/test_gguf_formats.py checks it on random blocks): that path
 // is ~10 numpy / torch passes over one byte a weight (an 8B file: ~45 s on two cores), this one reads each block
 // once. A float16 scale that is inf / NaN makes it return false without writing a guarantee: the Python path
@@ -145,7 +151,91 @@ void repack_q6_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_
   }
 }
 
+// one 8-row group of Q4_K or Q6_K rows as Q8_M16 (the join of a mixed stack; see the header)
+void repack_m16_group(const uint8_t* raw, bool q4k, int64_t row_bytes, int64_t nj, uint8_t* data, uint8_t* d,
+                      uint8_t* m) {
+  int8_t q[256];
+  for (int64_t j = 0; j < nj; ++j) {
+    uint8_t* drec = d + j * 160;
+    uint8_t* mrec = m + j * 160;
+    for (int i = 0; i < kRows; ++i) {
+      if (q4k) {
+        const uint8_t* blk = raw + i * row_bytes + j * 144;
+        store_f32(drec + 4 * i, f16_to_f32(load_u16(blk)));
+        store_f32(mrec + 4 * i, -f16_to_f32(load_u16(blk + 2)));
+        for (int s = 0; s < 8; ++s) {
+          uint8_t sc, mn;
+          k4_scale_min(blk + 4, s, &sc, &mn);
+          drec[32 + (2 * s) * kRows + i] = drec[32 + (2 * s + 1) * kRows + i] = sc;
+          mrec[32 + (2 * s) * kRows + i] = mrec[32 + (2 * s + 1) * kRows + i] = mn;
+          const uint8_t* src = blk + 16 + 32 * (s / 2);
+          for (int e = 0; e < 32; ++e) q[32 * s + e] = static_cast<int8_t>((src[e] >> (4 * (s & 1))) & 0x0F);
+        }
+      } else {
+        const uint8_t* blk = raw + i * row_bytes + j * 210;
+        store_f32(drec + 4 * i, f16_to_f32(load_u16(blk + 208)));
+        store_f32(mrec + 4 * i, 0.0f);
+        for (int s = 0; s < 16; ++s) {
+          drec[32 + s * kRows + i] = blk[192 + s];
+          mrec[32 + s * kRows + i] = 0;
+        }
+        const uint8_t *ql = blk, *qh = blk + 128;
+        for (int h = 0; h < 2; ++h) {
+          for (int r = 0; r < 128; ++r) {
+            const int lo = (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0F;
+            const int top = (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03;
+            q[128 * h + r] = static_cast<int8_t>((lo | top << 4) - 32);
+          }
+        }
+      }
+      for (int b = 0; b < 8; ++b) {
+        uint8_t* out = data + (j * 8 + b) * 256 + i * 4;
+        for (int t = 0; t < 8; ++t) std::memcpy(out + t * 32, q + 32 * b + 4 * t, 4);
+      }
+    }
+  }
+}
+
+bool finite_scales(const uint8_t* src, int64_t n, int64_t row_bytes, bool q4k) {
+  const int64_t block = q4k ? 144 : 210;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < row_bytes / block; ++j) {
+      const uint8_t* blk = src + r * row_bytes + j * block;
+      if (q4k ? !(finite_f16(load_u16(blk)) && finite_f16(load_u16(blk + 2))) : !finite_f16(load_u16(blk + 208)))
+        return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+bool repack_kquant_m16(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d, at::Tensor& m) {
+  constexpr int64_t kQ4K = 12, kQ6K = 14;
+  TORCH_CHECK(qtype == kQ4K || qtype == kQ6K, "repack_kquant_m16: ggml type ", qtype, " is not Q4_K or Q6_K");
+  TORCH_CHECK(raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.is_contiguous(), "repack_kquant_m16: raw "
+              "must be contiguous uint8 [rows, row bytes]");
+  const bool q4k = qtype == kQ4K;
+  const int64_t n = raw.size(0), row_bytes = raw.size(1), block = q4k ? 144 : 210;
+  TORCH_CHECK(n % kRows == 0 && row_bytes % block == 0, "repack_kquant_m16: ", n, " rows of ", row_bytes,
+              " bytes are not whole 8-row groups of whole blocks");
+  const int64_t g = n / kRows, nj = row_bytes / block;
+  for (const at::Tensor* t : {&data, &d, &m}) {
+    const int64_t cols = t == &data ? nj * 8 * 256 : nj * 160;
+    TORCH_CHECK(t->scalar_type() == at::kByte && t->is_contiguous() && t->dim() == 2 && t->size(0) == g &&
+                t->size(1) == cols, "repack_kquant_m16: outputs must be contiguous uint8 [", g, ", ", cols, "]");
+  }
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  if (!finite_scales(src, n, row_bytes, q4k)) return false;
+  uint8_t *dst = data.data_ptr<uint8_t>(), *dd = d.data_ptr<uint8_t>(), *mm = m.data_ptr<uint8_t>();
+  at::parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t gi = lo; gi < hi; ++gi) {
+      repack_m16_group(src + gi * kRows * row_bytes, q4k, row_bytes, nj, dst + gi * nj * 8 * 256, dd + gi * nj * 160,
+                       mm + gi * nj * 160);
+    }
+  });
+  return true;
+}
 
 bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d,
                    const c10::optional<at::Tensor>& m) {
@@ -168,13 +258,7 @@ bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::T
   if (m.has_value()) check_out(*m, nj * rec, "m");
   const uint8_t* src = raw.data_ptr<uint8_t>();
   // every float16 super-scale finite, or the caller's general path decides
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t j = 0; j < nj; ++j) {
-      const uint8_t* blk = src + r * row_bytes + j * block;
-      if (qtype == kQ4K ? !(finite_f16(load_u16(blk)) && finite_f16(load_u16(blk + 2))) : !finite_f16(load_u16(blk + 208)))
-        return false;
-    }
-  }
+  if (!finite_scales(src, n, row_bytes, qtype == kQ4K)) return false;
   uint8_t *dst = data.data_ptr<uint8_t>(), *dd = d.data_ptr<uint8_t>();
   uint8_t* mm = m.has_value() ? m->data_ptr<uint8_t>() : nullptr;
   at::parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
@@ -192,4 +276,7 @@ bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::T
 
 }  // namespace radixserve
 
-TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) { m.impl("repack_kquant", &radixserve::repack_kquant); }
+TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
+  m.impl("repack_kquant", &radixserve::repack_kquant);
+  m.impl("repack_kquant_m16", &radixserve::repack_kquant_m16);
+}
