@@ -57,6 +57,8 @@ class TokenizeServing(OpenAIServingBase):
                                "add_generation_prompt")
             texts, is_batch = [self.chat.apply_template(req.messages)], False
             images = self.chat.images(req.messages)
+            if images:  # as the chat route tokenises it (processors/gemma3.py: the runs are written as text)
+                texts = [self.tm.normalizer.mm_processor.expand_text(texts[0])]
         else:
             is_batch = isinstance(req.prompt, list)
             texts = req.prompt if is_batch else [req.prompt]

@@ -173,14 +173,19 @@ class RequestNormalizer:
             ids = ids[1:]
         return ids
 
-    def prompts(self, obj: GenerateReqInput) -> tuple[list[list[int]], bool]:
-        """(token id lists, is_batch) from exactly one of text / input_ids."""
+    def prompts(self, obj: GenerateReqInput, prepared: list[list[Any]] | None = None
+                ) -> tuple[list[list[int]], bool]:
+        """(token id lists, is_batch) from exactly one of text / input_ids. A text prompt with images (`prepared`)
+        has its image placeholders expanded as text first, where the model's processor does (expand_text)."""
         if (obj.text is None) == (obj.input_ids is None):
             raise ValueError("prompt: give exactly one of text (prompt) or input_ids")
         if obj.text is not None:
             is_batch = isinstance(obj.text, list)
             texts = obj.text if is_batch else [obj.text]
             self._check_count(len(texts))
+            if prepared is not None and self.mm_processor is not None:
+                texts = [self.mm_processor.expand_text(t) if isinstance(t, str) and k < len(prepared) and prepared[k]
+                         else t for k, t in enumerate(texts)]
             return [self.tokenize(t, obj.add_special_tokens) for t in texts], is_batch
         ids = obj.input_ids
         if not isinstance(ids, list):
@@ -261,7 +266,7 @@ class RequestNormalizer:
         call's images from prepare_images (made here when the call has images and none are given)."""
         if prepared is None and obj.image_data is not None:
             prepared = self.prepare_images(obj)
-        prompts, is_batch = self.prompts(obj)
+        prompts, is_batch = self.prompts(obj, prepared)
         prompts, mms = self.images(obj, prompts, prepared)
         sp = obj.sampling_params
         if isinstance(sp, list):

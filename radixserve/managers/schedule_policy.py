@@ -11,6 +11,10 @@ Budgets checked for every admitted request (DESIGN section 5):
                        request's next window of tokens. A prompt longer than what is left is cut into
                        chunks that fit (whatever --chunked-prefill-size says): between chunks the tree
                        tombstones what has left the window, so any prompt the full pool holds can run.
+
+A chunk never ends inside an image span of a model whose image tokens attend to their whole image (Gemma 3:
+whole_image_spans): it ends at a page boundary before the span, or, when it starts at or inside one, runs on
+to the page boundary past it (over the chunk budget by less than a span and a page).
 """
 
 from __future__ import annotations
@@ -82,8 +86,10 @@ class PrefillAdder:
         chunk_size: int | None,
         max_running_requests: int,
         page_size: int,
+        whole_image_spans: bool = False,
     ) -> None:
         self.tree_cache = tree_cache
+        self.whole_image_spans = whole_image_spans
         reserved = sum(self._future_tokens(r, new_token_ratio) for r in running)
         self.rem_total_tokens = available_tokens + tree_cache.evictable_size() - reserved
         allocator = tree_cache.token_to_kv_pool_allocator
@@ -121,6 +127,7 @@ class PrefillAdder:
         left = len(full) - done
         limit = self._chunk_limit()
         step = left if limit is None else min(left, max(limit, self.page_size))
+        step = self._chunk_end(req, done, done + step, len(full)) - done
         req.fill_ids = full[: done + step]
         self._account(req, step, reserve=False)
         self.can_run.append(req)
@@ -144,6 +151,23 @@ class PrefillAdder:
         self.rem_input_tokens -= extend_len
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= extend_len
+
+    def _chunk_end(self, req: Req, start: int, end: int, full: int) -> int:
+        """`end` (of a chunk starting at `start`, a page boundary, of a sequence of `full` tokens) moved off the
+        inside of an image span where the model computes each span in one step (the module's docstring)."""
+        if not self.whole_image_spans or req.mm_inputs is None or end >= full:
+            return end
+        moved = True
+        while moved and end < full:
+            moved = False
+            for item in req.mm_inputs.items:
+                if item.offset < end < item.end:
+                    back = start + round_down_to_page(max(0, item.offset - start), self.page_size)
+                    end = back if back > start else min(full, start + round_up_to_page(item.end - start,
+                                                                                       self.page_size))
+                    moved = back <= start  # forward: the new end may fall in a later span
+                    break
+        return end
 
     def add_one_req(self, req: Req) -> bool:
         """Try to admit `req`; False means stop admitting this step (budgets are exhausted)."""
@@ -171,9 +195,14 @@ class PrefillAdder:
         if self.rem_swa_tokens is not None:  # and the prefix's last window of local KV
             self.rem_swa_tokens -= swa_before - self.tree_cache.swa_evictable_size()
         limit = self._chunk_limit()
-        if limit is not None and extend_len > limit:
+        start = len(req.prefix_indices)
+        if limit is not None and extend_len > limit and (
+                self._chunk_end(req, start, start + round_down_to_page(limit, self.page_size), len(req.fill_ids))
+                < len(req.fill_ids)):
             # Chunk at a page boundary: the tree only holds whole pages.
             chunk = round_down_to_page(limit, self.page_size)
+            if chunk > 0:
+                chunk = self._chunk_end(req, start, start + chunk, len(req.fill_ids)) - start
             if chunk <= 0:
                 self.tree_cache.dec_lock_ref(req.last_node)
                 self.stop_reason = "chunked_prefill_size" if limit == self.rem_chunk_tokens else "swa_budget"

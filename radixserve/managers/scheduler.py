@@ -244,7 +244,7 @@ class Scheduler:
         args = self.server_args
         adder = PrefillAdder(self.tree_cache, self.allocator.full_available_size(), running, self.new_token_ratio,
                              args.max_prefill_tokens, self.chunk_size, args.max_running_requests,
-                             self.allocator.page_size)
+                             self.allocator.page_size, self.model_runner.image_spans_bidirectional)
         held_back = False
         if self.chunked_req is not None:
             still = adder.add_chunked_req(self.chunked_req)

@@ -164,6 +164,9 @@ class ForwardBatch:
     # which adapter each token row uses and the delta the targeted projections add (None: base-only step)
     lora_batch: LoRABatch | None = None
     mm_inputs: list[MultimodalInputs | None] | None = None  # see ModelWorkerBatch
+    # [n_tokens] int64, the last key position each row attends to, where some row sees past itself: a model whose
+    # image spans attend both ways (Gemma 3) has each image row see its whole span. None: causal (every other step)
+    attn_q_last: torch.Tensor | None = None
     # the runner's kernel choices (low-bit copies and their row cap, batch-invariant), fixed at load
     kernel_mode: KernelMode = EXACT
     attn_backend: Any = None
@@ -245,8 +248,32 @@ class ForwardBatch:
             lora_uids=batch.lora_uids,
             lora_batch=model_runner.lora_batch_for(batch.lora_uids, extend_cpu),
             mm_inputs=batch.mm_inputs,
+            attn_q_last=(image_span_key_limits(positions, batch.mm_inputs, prefix_cpu, extend_cpu, device)
+                         if batch.mm_inputs is not None and model_runner.image_spans_bidirectional else None),
             kernel_mode=model_runner.kernel_mode,
             attn_backend=model_runner.attn_backend,
         )
         model_runner.attn_backend.init_forward_metadata(fb)
         return fb
+
+
+def image_span_key_limits(positions: torch.Tensor, mm_inputs: list[MultimodalInputs | None], prefix_lens: list[int],
+                          extend_lens: list[int], device: torch.device) -> torch.Tensor | None:
+    """ForwardBatch.attn_q_last of a step: each row's own position, but the span's last position for a row of an
+    image span (transformers' Gemma 3: OR(causal, same image block)). A span is computed whole in one step (the
+    scheduler never ends a chunk inside one: managers/schedule_policy.py), else a row would miss keys computed
+    after it. None when no row of the step is an image row."""
+    last = None
+    row = 0
+    for mm, lo, n in zip(mm_inputs, prefix_lens, extend_lens):
+        for item in mm.items if mm is not None else ():
+            a, b = max(lo, item.offset), min(lo + n, item.end)
+            if a >= b:
+                continue
+            if b != item.end:
+                raise ValueError(f"a step ends inside image span [{item.offset}, {item.end}) at {lo + n}: its rows "
+                                 "attend to the whole span, which must be computed in one step")
+            last = positions.clone() if last is None else last
+            last[row + a - lo : row + b - lo] = item.end - 1
+        row += n
+    return None if last is None else last.to(device)

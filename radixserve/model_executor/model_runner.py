@@ -155,6 +155,11 @@ class ModelRunner:
         # steps of at most this many rows run the low-bit copy (None = every step; layers/linear.py)
         self.quant_max_rows = resolve_low_bit_max_rows(server_args.quant_max_rows, self.dtype)
         self._load_model(model)
+        # image spans that attend both ways (Gemma 3): each step's ForwardBatch.attn_q_last
+        self.image_spans_bidirectional = bool(getattr(self.model, "image_spans_bidirectional", False))
+        if self.image_spans_bidirectional and self.deterministic:
+            raise ValueError(f"enable_deterministic_inference: {self.model_config.architecture}'s image tokens attend "
+                             "to their whole image, and the batch-invariant attention kernel is causal only")
         self._init_memory_pool()
         self.attn_backend = self._make_attn_backend()
         self.quant_ops = self._quant_ops()

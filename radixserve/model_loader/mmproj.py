@@ -19,22 +19,24 @@ import torch
 from radixserve.model_loader.gguf_file import GGUFFile, open_gguf
 from radixserve.model_loader.model_config import ModelConfig
 
-# clip.projector_type -> (the architecture whose vision modules it fills, the text of its image placeholder token)
-PROJECTORS = {"idefics3": ("Idefics3ForConditionalGeneration", "<image>")}
+# clip.projector_type -> the architecture whose vision modules it fills
+PROJECTORS = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration"}
 
-# llama.cpp tensor name -> ours (Idefics3: SigLIP + pixel-shuffle connector); {i} = a block
-_IDEFICS3_NAMES = {
-    "v.patch_embd.weight": "vision_model.embeddings.patch_embedding.weight",
-    "v.patch_embd.bias": "vision_model.embeddings.patch_embedding.bias",
-    "v.position_embd.weight": "vision_model.embeddings.position_embedding.weight",
-    "v.post_ln.weight": "vision_model.post_layernorm.weight",
-    "v.post_ln.bias": "vision_model.post_layernorm.bias",
-    "mm.model.fc.weight": "connector.modality_projection.proj.weight",
+# llama.cpp tensor name -> ours, per projector type: the SigLIP tower's (the attribute differs), then the projector's
+_TOWER = {"v.patch_embd.weight": "embeddings.patch_embedding.weight", "v.patch_embd.bias": "embeddings.patch_embedding.bias",
+          "v.position_embd.weight": "embeddings.position_embedding.weight", "v.post_ln.weight": "post_layernorm.weight",
+          "v.post_ln.bias": "post_layernorm.bias"}
+_TOWER_ATTR = {"idefics3": "vision_model", "gemma3": "vision_tower"}
+_PROJECTOR_NAMES = {
+    "idefics3": {"mm.model.fc.weight": "connector.modality_projection.proj.weight"},
+    "gemma3": {"mm.input_projection.weight": "multi_modal_projector.mm_input_projection_weight",
+               "mm.soft_emb_norm.weight": "multi_modal_projector.mm_soft_emb_norm.weight"},
 }
 _BLOCK = {"ln1": "layer_norm1", "ln2": "layer_norm2", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2",
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_out": "self_attn.out_proj"}
 _BLOCK_RE = re.compile(r"^v\.blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_GEMMA3_IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
 
 def _open(path: str) -> GGUFFile:
@@ -49,35 +51,55 @@ def _open(path: str) -> GGUFFile:
     return f
 
 
+def _token(tokenizer: Any, text: str, mmproj: str) -> int:
+    token = tokenizer.convert_tokens_to_ids(text)
+    if not isinstance(token, int) or token in (tokenizer.unk_token_id, None):
+        raise ValueError(f"--mmproj {mmproj}: the text model's tokenizer has no {text} token")
+    return token
+
+
 def with_mmproj(cfg: ModelConfig, mmproj: str, tokenizer: Any) -> ModelConfig:
     """The text model's ModelConfig as the vision-language model the pair of files is (`tokenizer`: the text
-    file's, which names the image placeholder token)."""
+    file's, which names the image tokens)."""
     f = _open(mmproj)
-    arch, placeholder = PROJECTORS[f.get("clip.projector_type")]
-    image_token_id = tokenizer.convert_tokens_to_ids(placeholder)
-    if not isinstance(image_token_id, int) or image_token_id in (tokenizer.unk_token_id, None):
-        raise ValueError(f"--mmproj {mmproj}: the text model's tokenizer has no {placeholder} token")
+    kind = f.get("clip.projector_type")
+    arch = PROJECTORS[kind]
     hidden = f.get("clip.vision.embedding_length")
-    proj_in = f.tensors["mm.model.fc.weight"].shape  # ggml order: [in, out]
-    scale = int(f.get("clip.vision.projector.scale_factor"))
-    if int(proj_in[1]) != cfg.hidden_size or int(proj_in[0]) != hidden * scale * scale:
-        raise ValueError(f"--mmproj {mmproj}: its projector maps {int(proj_in[0])} -> {int(proj_in[1])}; the text "
-                         f"model needs {hidden * scale * scale} -> {cfg.hidden_size} (another model's mmproj?)")
-    size = int(f.get("clip.vision.image_size"))
+    size, patch = int(f.get("clip.vision.image_size")), int(f.get("clip.vision.patch_size"))
     vision = {"hidden_size": hidden, "intermediate_size": f.get("clip.vision.feed_forward_length"),
               "num_hidden_layers": f.get("clip.vision.block_count"),
               "num_attention_heads": f.get("clip.vision.attention.head_count"), "image_size": size,
-              "patch_size": f.get("clip.vision.patch_size"),
-              "layer_norm_eps": f.get("clip.vision.attention.layer_norm_epsilon"),
+              "patch_size": patch, "layer_norm_eps": f.get("clip.vision.attention.layer_norm_epsilon"),
               # llama.cpp's GELU is the tanh form, as SigLIP's gelu_pytorch_tanh
               "hidden_act": "gelu_pytorch_tanh" if f.get("clip.use_gelu", True) else "silu"}
-    preprocessor = {"image_processor_type": "Idefics3ImageProcessor", "image_mean": f.get("clip.vision.image_mean"),
-                    "image_std": f.get("clip.vision.image_std"),
-                    "size": {"longest_edge": int(f.get("clip.vision.preproc_image_size", 4 * size))},
-                    "max_image_size": {"longest_edge": size}}
-    mm: dict[str, Any] = {"architectures": [arch], "vision_config": vision, "scale_factor": scale,
-                          "image_token_id": image_token_id, "text_config": {"hidden_size": cfg.hidden_size},
-                          "preprocessor": preprocessor}
+    mean, std = f.get("clip.vision.image_mean"), f.get("clip.vision.image_std")
+    if kind == "idefics3":
+        proj_in = f.tensors["mm.model.fc.weight"].shape  # ggml order: [in, out]
+        scale = int(f.get("clip.vision.projector.scale_factor"))
+        if int(proj_in[1]) != cfg.hidden_size or int(proj_in[0]) != hidden * scale * scale:
+            raise ValueError(f"--mmproj {mmproj}: its projector maps {int(proj_in[0])} -> {int(proj_in[1])}; the "
+                             f"text model needs {hidden * scale * scale} -> {cfg.hidden_size} (another model's mmproj?)")
+        preprocessor = {"image_processor_type": "Idefics3ImageProcessor", "image_mean": mean, "image_std": std,
+                        "size": {"longest_edge": int(f.get("clip.vision.preproc_image_size", 4 * size))},
+                        "max_image_size": {"longest_edge": size}}
+        mm: dict[str, Any] = {"scale_factor": scale, "image_token_id": _token(tokenizer, "<image>", mmproj)}
+    else:  # gemma3: llama.cpp's converter writes the pool's factor only where it is not 4
+        proj = f.tensors["mm.input_projection.weight"].shape  # ggml order of the [vision, text] matrix
+        if {int(proj[0]), int(proj[1])} != {hidden, cfg.hidden_size}:
+            raise ValueError(f"--mmproj {mmproj}: its projector is {int(proj[1])} x {int(proj[0])}; the text model "
+                             f"needs {hidden} x {cfg.hidden_size} (another model's mmproj?)")
+        pool = int(f.get("clip.vision.projector.scale_factor", 4))
+        side = size // patch // pool
+        if side < 1 or (size // patch) % pool:
+            raise ValueError(f"--mmproj {mmproj}: a {size // patch}-patch grid does not pool by {pool}")
+        boi, eoi, image = (_token(tokenizer, t, mmproj) for t in _GEMMA3_IMAGE_TOKENS)
+        preprocessor = {"image_processor_type": "Gemma3ImageProcessor", "image_mean": mean, "image_std": std,
+                        "size": {"height": size, "width": size}}
+        mm = {"mm_tokens_per_image": side * side, "boi_token_index": boi, "eoi_token_index": eoi,
+              "image_token_index": image}
+        vision["model_type"] = "siglip_vision_model"  # plain SigLIP positions (no NaViT buckets)
+    mm.update({"architectures": [arch], "vision_config": vision, "text_config": {"hidden_size": cfg.hidden_size},
+               "preprocessor": preprocessor})
     return replace(cfg, architecture=arch, mm_config=mm)
 
 
@@ -85,14 +107,25 @@ def iterate_mmproj_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(our name, float32 tensor) for every tensor of the mmproj file; an unknown name is an error before any
     tensor is read."""
     f = _open(path)
+    kind = f.get("clip.projector_type")
+    tower, projector = _TOWER_ATTR[kind], _PROJECTOR_NAMES[kind]
     plan = []
     for name in f.tensors:
-        ours = _IDEFICS3_NAMES.get(name)
+        ours = projector.get(name) or (f"{tower}.{_TOWER[name]}" if name in _TOWER else None)
         m = _BLOCK_RE.match(name)
         if ours is None and m is not None and m.group(2) in _BLOCK:
-            ours = f"vision_model.encoder.layers.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"
+            ours = f"{tower}.encoder.layers.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"
         if ours is None:
             raise ValueError(f"--mmproj {path}: tensor {name!r} is not one this projector type has")
         plan.append((name, ours))
     for name, ours in plan:
-        yield ours, torch.from_numpy(f.dequantize(name).copy()).float()
+        t = torch.from_numpy(f.dequantize(name).copy()).float()
+        if ours.endswith("mm_soft_emb_norm.weight"):
+            t = t - 1.0  # llama.cpp stores Gemma's norm as 1 + w; ours adds the 1 (GemmaRMSNorm)
+        elif ours.endswith("mm_input_projection_weight") and t.shape[0] != _vision_hidden(f):
+            t = t.t().contiguous()
+        yield ours, t
+
+
+def _vision_hidden(f: GGUFFile) -> int:
+    return int(f.get("clip.vision.embedding_length"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration",
-                        "SmolVLMForConditionalGeneration")
+                        "SmolVLMForConditionalGeneration", "Gemma3ForConditionalGeneration")
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:

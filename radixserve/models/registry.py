@@ -25,6 +25,7 @@ MODEL_REGISTRY: dict[str, tuple[str, str]] = {
     "LlavaForConditionalGeneration": ("radixserve.models.vision.llava", "LlavaForConditionalGeneration"),
     "Idefics3ForConditionalGeneration": ("radixserve.models.vision.idefics3", "Idefics3ForConditionalGeneration"),
     "SmolVLMForConditionalGeneration": ("radixserve.models.vision.idefics3", "SmolVLMForConditionalGeneration"),
+    "Gemma3ForConditionalGeneration": ("radixserve.models.vision.gemma3", "Gemma3ForConditionalGeneration"),
 }
 
 

@@ -130,6 +130,51 @@ def test_extend_attention_matches_sdpa(seed, lens, heads, D, bf16):
     torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), lens=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 90)), min_size=1,
+                                                    max_size=3),
+       window=st.sampled_from([0, 7, 40]), spans=st.data())
+def test_extend_attention_with_image_spans_matches_a_masked_sdpa(seed, lens, window, spans):
+    """q_last (Gemma 3's image spans, seen both ways): row i sees keys up to q_last[i] (not only its position),
+    the last `window` before its position on a local layer: SDPA with that mask, over the gathered history."""
+    H, Hkv, D = 4, 2, 16
+    g = torch.Generator().manual_seed(seed)
+    nb, max_len = len(lens), max(p + n for p, n in lens)
+    S = nb * max_len + 3
+    k_pool, v_pool = torch.randn(S, Hkv, D, generator=g), torch.randn(S, Hkv, D, generator=g)
+    kv_idx = torch.randperm(S, generator=g)[: nb * max_len].view(nb, max_len).contiguous()
+    q_lens = torch.tensor([n for _, n in lens])
+    seq_lens = torch.tensor([p + n for p, n in lens])
+    q_start = torch.cumsum(q_lens, 0) - q_lens
+    q = torch.randn(int(q_lens.sum()), H, D, generator=g) * 2
+    last = []
+    for p, n in lens:  # one span inside each request's new rows (or none): its rows see to its end
+        pos = list(range(p, p + n))
+        a = spans.draw(st.integers(0, n - 1))
+        b = spans.draw(st.integers(a + 1, n))
+        last += [p + b - 1 if a <= i < b else p + i for i in range(n)]
+    q_last = torch.tensor(last)
+    out = torch.empty_like(q)
+    ops.extend_attention(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, D**-0.5, window, 0.0, out, q_last)
+    ref = torch.zeros_like(q)
+    for b, (p, n) in enumerate(lens):
+        s0 = int(q_start[b])
+        kb = k_pool[kv_idx[b, : p + n]].transpose(0, 1).unsqueeze(0)
+        vb = v_pool[kv_idx[b, : p + n]].transpose(0, 1).unsqueeze(0)
+        key, qp = torch.arange(p + n).unsqueeze(0), (p + torch.arange(n)).unsqueeze(1)
+        mask = key <= q_last[s0 : s0 + n].unsqueeze(1)
+        if window:
+            mask &= key > qp - window
+        o = F.scaled_dot_product_attention(q[s0 : s0 + n].transpose(0, 1).unsqueeze(0), kb, vb, attn_mask=mask,
+                                           scale=D**-0.5, enable_gqa=True)
+        ref[s0 : s0 + n] = o.squeeze(0).transpose(0, 1)
+    torch.testing.assert_close(out, ref, atol=3e-5, rtol=1e-4)
+    bad = q_last.clone()
+    bad[0] = int(seq_lens[0])  # past the request's keys
+    with pytest.raises(RuntimeError, match="q_last"):
+        ops.extend_attention(q, k_pool, v_pool, kv_idx, seq_lens, q_start, q_lens, D**-0.5, window, 0.0, out, bad)
+
+
 @pytest.mark.parametrize("op", ["extend_attention", "paged_attention_varlen"])
 def test_varlen_ops_refuse_bad_tables_naming_themselves(op):
     """Both variable-length ops share one argument rule (check_varlen_attention); each names itself."""

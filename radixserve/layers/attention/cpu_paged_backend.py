@@ -48,7 +48,7 @@ class CpuPagedAttnBackend(TorchNativeAttnBackend):
     ) -> None:
         # rows of q not owned by these requests (MIXED's decodes) are left to _attend_batched
         self.extend_kernel(q.contiguous(), k_buf, v_buf, e.kv_indices, e.seq_lens, e.q_start, e.q_lens,
-                           layer.scaling, layer.window_arg, layer.cap_arg, out)
+                           layer.scaling, layer.window_arg, layer.cap_arg, out, e.q_last)
 
     def _attend_batched(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: RadixAttention,

@@ -76,8 +76,9 @@ class RaggedItem:
     start: int  # first token row of this request
     extend_len: int
     kv_indices: torch.Tensor | None  # [seq_len] when there is a cached prefix, else None
-    mask: torch.Tensor | None  # [extend_len, seq_len] bool when there is a cached prefix
+    mask: torch.Tensor | None  # [extend_len, seq_len] bool when there is a cached prefix (or q_last)
     prefix_len: int = 0
+    q_last: torch.Tensor | None = None  # [extend_len]: each row's last visible key (ForwardBatch.attn_q_last)
     # window (None: global) -> the chunks a windowed or capped layer runs, built on first use this step
     chunks: dict[int | None, list[WindowChunk]] = field(default_factory=dict, repr=False)
 
@@ -90,6 +91,7 @@ class ExtendPart:
     seq_lens: torch.Tensor  # [n] int64, this step's tokens included
     q_start: torch.Tensor  # [n] int64 first row in q
     q_lens: torch.Tensor  # [n] int64
+    q_last: torch.Tensor | None = None  # [every row of q] int64: ForwardBatch.attn_q_last
 
 
 @dataclass
@@ -160,7 +162,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         return ExtendPart(kv, fb.seq_lens[rows_t].contiguous(),
                           torch.tensor([starts[i] for i in rows], dtype=torch.int64, device=self.device),
                           torch.tensor([fb.extend_seq_lens_cpu[i] for i in rows], dtype=torch.int64,
-                                       device=self.device))
+                                       device=self.device), fb.attn_q_last)
 
     def _batched_part(self, fb: ForwardBatch, rows: list[int], starts: list[int]) -> BatchedPart:
         lens = {fb.extend_seq_lens_cpu[i] for i in rows}
@@ -218,13 +220,17 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _ragged_item(self, fb: ForwardBatch, i: int, start: int) -> RaggedItem:
         ext, pre = fb.extend_seq_lens_cpu[i], fb.extend_prefix_lens_cpu[i]
-        if pre == 0:
-            return RaggedItem(start, ext, None, None)
+        last = None if fb.attn_q_last is None else fb.attn_q_last[start : start + ext]
+        q_pos = pre + torch.arange(ext, device=self.device)
+        if last is not None and torch.equal(last, q_pos):
+            last = None  # no row of this request sees past itself: the causal paths
+        if pre == 0:  # this step's own K/V only; an explicit mask where rows see past themselves
+            mask = None if last is None else _band(q_pos, q_pos, None, last)
+            return RaggedItem(start, ext, None, mask, q_last=last)
         seq = pre + ext
         kv_indices = fb.req_to_token_pool.req_to_token[int(fb.req_pool_indices[i]), :seq]
-        q_pos = pre + torch.arange(ext, device=self.device)
-        mask = _band(q_pos, torch.arange(seq, device=self.device), None)  # [ext, seq]
-        return RaggedItem(start, ext, kv_indices, mask, pre)
+        mask = _band(q_pos, torch.arange(seq, device=self.device), None, last)  # [ext, seq]
+        return RaggedItem(start, ext, kv_indices, mask, pre, q_last=last)
 
     # ------------------------------------------------------------ compute
     def attend(
@@ -256,10 +262,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         qi = q[sl].transpose(0, 1).unsqueeze(0)  # [1, heads, ext, head_dim]
         if item.kv_indices is None:
-            # PREFILL fast path: no history, attend causally over this step's tokens only
+            # PREFILL fast path: no history, attend causally (or by the mask) over this step's tokens only
             ki = k[sl].transpose(0, 1).unsqueeze(0)
             vi = v[sl].transpose(0, 1).unsqueeze(0)
-            oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=True)
+            oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=item.mask is None, attn_mask=item.mask,
+                                                scale=layer.scaling, enable_gqa=True)
         else:
             ki = _gather(k_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, hd]
             vi = _gather(v_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)
@@ -291,13 +298,15 @@ class TorchNativeAttnBackend(AttentionBackend):
             out[rows] = oc.squeeze(0).transpose(0, 1)
 
     def _ragged_chunks(self, item: RaggedItem, window: int | None) -> list[WindowChunk]:
-        pre, ext = item.prefix_len, item.extend_len
+        pre, ext, last = item.prefix_len, item.extend_len, item.q_last
         chunks = []
         for row0 in range(0, ext, _WINDOW_CHUNK):
             row1 = min(ext, row0 + _WINDOW_CHUNK)
-            key0, key1 = _window_start(pre + row0, window), pre + row1
+            # rows' last keys never decrease: the chunk's last row sees furthest
+            key0, key1 = _window_start(pre + row0, window), (pre + row1 if last is None else int(last[row1 - 1]) + 1)
             q_pos = pre + torch.arange(row0, row1, device=self.device)
-            mask = _band(q_pos, torch.arange(key0, key1, device=self.device), window)  # [rows, keys]
+            rows_last = None if last is None else last[row0:row1]
+            mask = _band(q_pos, torch.arange(key0, key1, device=self.device), window, rows_last)  # [rows, keys]
             chunks.append(WindowChunk(row0, row1, key0, key1, mask))
         return chunks
 
@@ -343,11 +352,13 @@ def _effective_window(window: int | None, n_keys: int) -> int | None:
     return None if window is None or window >= n_keys else window
 
 
-def _band(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+def _band(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None,
+          q_last: torch.Tensor | None = None) -> torch.Tensor:
     """[..., Lq, Lk] bool, True = attend, from q_pos [..., Lq] and key_pos [..., Lk] (broadcast): key j is
-    visible to query i iff j <= i, and, with a window W, j > i - W (transformers' sliding-window rule)."""
+    visible to query i iff j <= i (j <= q_last[i] where given: an image span seen both ways), and, with a window
+    W, j > i - W (transformers' sliding-window rule, applied after: AND(window, OR(causal, span)))."""
     qp, kp = q_pos.unsqueeze(-1), key_pos.unsqueeze(-2)
-    mask = kp <= qp
+    mask = kp <= (qp if q_last is None else q_last.unsqueeze(-1))
     if window is not None:
         mask &= kp > qp - window
     return mask

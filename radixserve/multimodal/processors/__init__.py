@@ -15,6 +15,7 @@ MM_PROCESSORS: dict[str, tuple[str, str]] = {
     "LlavaForConditionalGeneration": ("radixserve.multimodal.processors.llava", "LlavaProcessor"),
     "Idefics3ForConditionalGeneration": ("radixserve.multimodal.processors.idefics3", "Idefics3Processor"),
     "SmolVLMForConditionalGeneration": ("radixserve.multimodal.processors.idefics3", "Idefics3Processor"),
+    "Gemma3ForConditionalGeneration": ("radixserve.multimodal.processors.gemma3", "Gemma3Processor"),
 }
 
 

@@ -56,6 +56,11 @@ class BaseMultimodalProcessor:
         so it must not call the tokenizer (a subclass tokenises its fixed texts when it is built)."""
         raise NotImplementedError
 
+    def expand_text(self, text: str) -> str:
+        """A text prompt with images, before it is tokenised: a model whose processor writes each image's run of
+        tokens into the text (Gemma 3: "\n\n" around it, which merges with the text beside it) does it here."""
+        return text
+
     def prepare(self, image: Image.Image) -> PreparedImage:
         return PreparedImage(image_hash(image), self.expand(image))
 

@@ -14,6 +14,9 @@
 //   k, v     [S, Hkv, D]    one layer of the KV pool (this step's K/V already written)
 //   kv_idx   [nb, max_len]  int64 slot table;  seq_lens, q_start, q_lens [nb] int64
 //   out      [n, H, D]      float32
+//   q_last   [n] int64, optional: the last key position each query row sees, when that is past its own
+//            position (a run of image tokens that attend to each other both ways: Gemma 3); absent, every
+//            row's is its position. Non-decreasing within a request, and < its seq_len (checked).
 //
 // Work item = (request, kv head, block of kQBlock queries). The G = H / Hkv query heads that share a
 // kv head go together: a block is R = queries x G rows against the same keys, so each K/V tile is
@@ -201,16 +204,16 @@ void pv_tile(const float* p, int64_t R, const float* vt, int64_t nk, int64_t D, 
 struct BlockKeys {
   int64_t first, last;
 };
-inline BlockKeys block_keys(int64_t pos0, int64_t i0, int64_t i1, int64_t window) {
-  return {window_start(pos0 + i0, window), pos0 + i1};
+inline BlockKeys block_keys(int64_t pos0, int64_t i0, int64_t i1, int64_t window, const int64_t* last) {
+  return {window_start(pos0 + i0, window), last != nullptr ? last[i1 - 1] + 1 : pos0 + i1};
 }
 
 template <typename P>
 void run_item(const Item& it, const float* qp, P kp, P vp, const int64_t* idx, int64_t seq_len,
               int64_t q_len, int64_t q_row0, int64_t H, int64_t G, int64_t D, int64_t row, float scale,
-              int64_t window, float softcap, float* op, Scratch& w) {
+              int64_t window, float softcap, const int64_t* last, float* op, Scratch& w) {
   const int64_t nq = it.i1 - it.i0, R = nq * G, pos0 = seq_len - q_len;
-  const BlockKeys keys = block_keys(pos0, it.i0, it.i1, window);
+  const BlockKeys keys = block_keys(pos0, it.i0, it.i1, window, last);
   w.kt.resize(D * kKBlock), w.vt.resize(kKBlock * D), w.s.resize(R * kKBlock), w.o.assign(R * D, 0.f);
   w.m.assign(R, kNoMax), w.l.assign(R, 0.f);
   std::vector<const float*> qrows(R);
@@ -222,9 +225,9 @@ void run_item(const Item& it, const float* qp, P kp, P vp, const int64_t* idx, i
     for (int64_t r = 0; r < R; ++r) {
       float* s = w.s.data() + r * kKBlock;
       // row r is query i = i0 + r / G at position pos: it sees tile columns j0 .. j1 - 1 (keys t0 + j
-      // in window_start(pos) .. pos)
-      const int64_t pos = pos0 + it.i0 + r / G;
-      const int64_t j0 = std::max<int64_t>(0, window_start(pos, window) - t0), j1 = std::min(nk, pos + 1 - t0);
+      // in window_start(pos) .. pos, or .. q_last[i])
+      const int64_t pos = pos0 + it.i0 + r / G, upto = last != nullptr ? last[it.i0 + r / G] : pos;
+      const int64_t j0 = std::max<int64_t>(0, window_start(pos, window) - t0), j1 = std::min(nk, upto + 1 - t0);
       if (j1 <= j0) {  // a whole tile outside this row's keys (past its position, or before its window)
         for (int64_t j = 0; j < kKBlock; ++j) s[j] = 0.f;
         continue;
@@ -259,7 +262,7 @@ void run_item(const Item& it, const float* qp, P kp, P vp, const int64_t* idx, i
 
 void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
                       const at::Tensor& seq_lens, const at::Tensor& q_start, const at::Tensor& q_lens, double scale,
-                      int64_t window, double softcap, at::Tensor& out) {
+                      int64_t window, double softcap, at::Tensor& out, const c10::optional<at::Tensor>& q_last) {
   check_varlen_attention("extend_attention", q, k, v, kv_idx, seq_lens, q_start, q_lens, out, window, softcap);
   const int64_t nb = kv_idx.size(0), max_len = kv_idx.size(1);
   const int64_t H = q.size(1), D = q.size(2), Hkv = k.size(1);
@@ -269,11 +272,26 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const int64_t* lp = seq_lens.data_ptr<int64_t>();
   const int64_t* sp = q_start.data_ptr<int64_t>();
   const int64_t* np = q_lens.data_ptr<int64_t>();
+  const int64_t* lastp = nullptr;
+  if (q_last.has_value()) {
+    const at::Tensor& t = *q_last;
+    TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous() && t.size(0) == q.size(0),
+                "extend_attention: q_last must be contiguous int64 [", q.size(0), "]");
+    lastp = t.data_ptr<int64_t>();
+    for (int64_t b = 0; b < nb; ++b) {  // a row sees at least itself, keys that exist, in order
+      for (int64_t i = 0; i < np[b]; ++i) {
+        const int64_t pos = lp[b] - np[b] + i, x = lastp[sp[b] + i];
+        TORCH_CHECK(x >= pos && x < lp[b] && (i == 0 || x >= lastp[sp[b] + i - 1]), "extend_attention: q_last of "
+                    "row ", sp[b] + i, " is ", x, ", not in [its position ", pos, ", seq_len ", lp[b], ") or "
+                    "decreasing");
+      }
+    }
+  }
   std::vector<Item> items;
   for (int64_t b = 0; b < nb; ++b) {
     for (int64_t i0 = 0; i0 < np[b]; i0 += kQBlock) {
       const int64_t i1 = std::min(i0 + kQBlock, np[b]);
-      const BlockKeys keys = block_keys(lp[b] - np[b], i0, i1, window);
+      const BlockKeys keys = block_keys(lp[b] - np[b], i0, i1, window, lastp == nullptr ? nullptr : lastp + sp[b]);
       for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, i0, i1, (i1 - i0) * (keys.last - keys.first)});
     }
   }
@@ -290,7 +308,7 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       for (int64_t j = next.fetch_add(1); j < total; j = next.fetch_add(1)) {
         const Item& it = items[j];
         run_item(it, qp, kp, vp, ip + it.b * max_len, lp[it.b], np[it.b], sp[it.b], H, G, D, row, fscale, window,
-                 fcap, op, w);
+                 fcap, lastp == nullptr ? nullptr : lastp + sp[it.b], op, w);
       }
     });
   };

@@ -12,8 +12,9 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("paged_attention_varlen(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, Tensor q_start, "
         "Tensor q_lens, float scale, int window, float softcap, Tensor(a!) out) -> ()");
   // long query blocks (PREFILL / EXTEND): tiled, online softmax, K/V read in place (flash_attention.cpp)
+  // q_last: each row's last visible key position where it is past the row's own (image spans that attend both ways)
   m.def("extend_attention(Tensor q, Tensor k, Tensor v, Tensor kv_idx, Tensor seq_lens, Tensor q_start, "
-        "Tensor q_lens, float scale, int window, float softcap, Tensor(a!) out) -> ()");
+        "Tensor q_lens, float scale, int window, float softcap, Tensor(a!) out, Tensor? q_last=None) -> ()");
   m.def("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!)? residual, Tensor weight, float eps) -> ()");
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");

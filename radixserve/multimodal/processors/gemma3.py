@@ -1,0 +1,98 @@
+"""Gemma 3: each <start_of_image> of the prompt becomes, as transformers' Gemma3Processor writes it,
+
+    \\n\\n<start_of_image><image_soft_token> x mm_tokens_per_image<end_of_image>\\n\\n
+
+written into the *text* before it is tokenised (expand_text): "\\n\\n" merges with the newlines beside it into one
+token of Gemma's vocabulary, so expanding ids would give other ids than transformers. The run of soft tokens is
+the image's span (one tower input: the 896 x 896 image the folder's Gemma3ImageProcessor makes). A prompt given
+as ids (input_ids) with a lone <start_of_image> gets the same run, with "\\n\\n" as its own tokens. Pan-and-scan
+crops are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from PIL import Image
+
+from radixserve.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs, pad_value
+from radixserve.multimodal.processors.base_processor import (
+    BaseMultimodalProcessor,
+    ImageTile,
+    PreparedImage,
+    image_processor,
+)
+
+
+def _token_id(hf_config: dict[str, Any], key: str, vocab_size: int) -> int:
+    token = hf_config.get(key)
+    if not isinstance(token, int) or not 0 <= token < vocab_size:
+        raise ValueError(f"config {key} {token!r} is not a token of the vocabulary [0, {vocab_size})")
+    return token
+
+
+class Gemma3Processor(BaseMultimodalProcessor):
+    def __init__(self, model_path: str, hf_config: dict[str, Any], vocab_size: int, tokenizer: Any) -> None:
+        super().__init__(model_path, hf_config, vocab_size, tokenizer)
+        self.boi = _token_id(hf_config, "boi_token_index", vocab_size)
+        self.eoi = _token_id(hf_config, "eoi_token_index", vocab_size)
+        self.image_token_id = _token_id(hf_config, "image_token_index", vocab_size)  # what the spans stand for
+        n = hf_config.get("mm_tokens_per_image", 256)
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"config mm_tokens_per_image {n!r} is not a positive integer")
+        self.seq_len = n
+        vision = hf_config.get("vision_config") or {}
+        self.image_size = vision.get("image_size", 224)
+        names = [tokenizer.convert_ids_to_tokens(t) for t in (self.boi, self.image_token_id, self.eoi)]
+        if any(not isinstance(x, str) for x in names):
+            raise ValueError(f"{model_path}: the tokenizer has no text for the image tokens {names}")
+        self.boi_text, image_text, eoi_text = names
+        self.full_sequence = f"\n\n{self.boi_text}{image_text * n}{eoi_text}\n\n"
+        self.newlines = tokenizer.encode("\n\n", add_special_tokens=False)  # for id prompts (see the docstring)
+        self.image_processor = image_processor(model_path, hf_config)
+        if getattr(self.image_processor, "do_pan_and_scan", False):
+            raise ValueError(f"{model_path}: preprocessor_config.json sets do_pan_and_scan; Gemma 3's pan-and-scan "
+                             "crops are not supported (set it false)")
+
+    def expand_text(self, text: str) -> str:
+        return text.replace(self.boi_text, self.full_sequence)
+
+    def expand(self, image: Image.Image) -> list[list[int] | ImageTile]:
+        pixels = self.image_processor(images=[image], return_tensors="pt")["pixel_values"].to(torch.float32)
+        if tuple(pixels.shape) != (1, 3, self.image_size, self.image_size):
+            raise ValueError(f"the image processor made pixels of shape {tuple(pixels.shape)}; the vision tower takes "
+                             f"1 x 3 x {self.image_size} x {self.image_size} (preprocessor_config.json disagrees with "
+                             "config.json)")
+        return [ImageTile({"pixel_values": pixels}, self.seq_len)]
+
+    def process(self, ids: list[int], images: list[PreparedImage]) -> tuple[list[int], MultimodalInputs]:
+        """Each <start_of_image> of `ids` (one per image): an expanded run (a text prompt) gets the image's pad
+        value in its soft tokens; a lone marker (an id prompt) gets the whole sequence around it."""
+        where = [i for i, t in enumerate(ids) if t == self.boi]
+        if len(where) != len(images):
+            raise ValueError(f"image_data: the prompt has {len(where)} image placeholder(s) for {len(images)} "
+                             f"image(s); put one image part (or {self.boi_text}) per image")
+        n = self.seq_len
+        out: list[int] = []
+        items: list[MultimodalDataItem] = []
+        prev = 0
+        for pos, image in zip(where, images):
+            tile = next(p for p in image.parts if isinstance(p, ImageTile))
+            expanded = ids[pos + 1 : pos + 1 + n] == [self.image_token_id] * n and ids[pos + 1 + n : pos + 2 + n] == [
+                self.eoi]
+            out.extend(ids[prev:pos])
+            if not expanded:
+                out.extend(self.newlines)
+            out.append(self.boi)
+            pad = pad_value(self.vocab_size, image.hash)
+            items.append(MultimodalDataItem("image", image.hash, pad, len(out), n, tile.features))
+            out.extend([pad] * n)
+            out.append(self.eoi)
+            if expanded:
+                prev = pos + 2 + n
+            else:
+                out.extend(self.newlines)
+                prev = pos + 1
+        out.extend(ids[prev:])
+        return out, MultimodalInputs(items, self.image_token_id)

@@ -1,0 +1,176 @@
+"""Gemma 3 with images through the real scheduler (Engine) against transformers' Gemma3ForConditionalGeneration and
+Gemma3Processor in float32 on the same tiny random weights: a 2-layer SigLIP, the average-pool projector, a 3-layer
+Gemma 3 text model (sliding, global, sliding; a 24-token window, shorter than the prompts).
+
+The image's 16 soft tokens attend to each other both ways (transformers' token_type_ids mask); the tests check both
+attention backends, a chunked prefill whose budget would cut an image span, radix hits on a repeated image, and a
+text-only request in the same batch. A control shows the oracle's causal run differs, so the mask is exercised."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import radixserve
+from tests.models.test_llava_engine import image
+
+NEW = 6
+TOKENS = 16  # mm_tokens_per_image
+SPECIAL = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+GREEDY = {"max_new_tokens": NEW, "temperature": 0.0, "ignore_eos": True}
+
+
+def make_tiny_gemma3(path, default_model_path: str, layer_types: list[str] | None) -> str:
+    """A tiny random Gemma 3 VLM folder at `path` (the hub's tensor names; None layer_types: Gemma 3's own
+    pattern, five sliding layers to one global, which is what a GGUF can say)."""
+    import transformers
+
+    from radixserve.model_loader import get_tokenizer
+
+    tok = get_tokenizer(default_model_path)
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.save_pretrained(path)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
+    cfg = transformers.Gemma3Config(
+        vision_config={"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 37,
+                       "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 32, "patch_size": 4,
+                       "vision_use_head": False},
+        text_config={"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 16,
+                     "sliding_window": 24, "max_position_embeddings": 1024, "layer_types": layer_types},
+        mm_tokens_per_image=TOKENS, boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"])
+    torch.manual_seed(3)
+    transformers.Gemma3ForConditionalGeneration(cfg).save_pretrained(path)
+    # the hub's files (google/gemma-3-4b-it) name the tower vision_tower.vision_model.*, which llama.cpp's converter
+    # expects too; transformers 5 saves vision_tower.*: rewrite to the hub's layout (both load here). The projection
+    # is made float16-exact: llama.cpp's converter always writes it in float16, so the pair of files holds the same
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    key = "multi_modal_projector.mm_input_projection_weight"
+    tensors[key] = tensors[key].half().float()
+    save_file({("vision_tower.vision_model." + k[len("vision_tower."):] if k.startswith("vision_tower.") else k): v
+               for k, v in tensors.items()}, file, metadata={"format": "pt"})
+    transformers.Gemma3ImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(path)
+    pre = json.loads((path / "preprocessor_config.json").read_text())  # as the hub's file has it (256 there)
+    (path / "preprocessor_config.json").write_text(json.dumps({**pre, "image_seq_length": TOKENS}))
+    return str(path)
+
+
+def make_oracle(path: str):
+    """transformers' model and processor on the folder: run(text, images, causal=False) -> (tokens, logprobs, n)."""
+    import transformers
+
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path, extra_special_tokens={
+        "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"})
+    proc = transformers.Gemma3Processor(transformers.Gemma3ImageProcessorPil.from_pretrained(path), tok,
+                                        image_seq_length=TOKENS)
+
+    def run(text: str, images: list, causal: bool = False) -> tuple[list[int], list[float], int]:
+        inputs = proc(text=[text], images=[images] if images else None, return_tensors="pt")
+        if causal:  # the control: no image block in the mask
+            inputs.pop("token_type_ids", None)
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                 output_scores=True, return_dict_in_generate=True)
+        n = inputs["input_ids"].shape[1]
+        tokens = out.sequences[0, n:].tolist()
+        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
+        return tokens, logprobs, n
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory, default_model_path):
+    # a global layer between two sliding ones: both kinds see the image both ways
+    return make_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "hf", default_model_path,
+                            ["sliding_attention", "full_attention", "sliding_attention"])
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_gemma3):
+    return make_oracle(tiny_gemma3)
+
+
+CASES = [("User: look at this\n<start_of_image>What is in the picture, in a few words?", [image(1, (50, 40))]),
+         ("Compare<start_of_image>and<start_of_image>then answer briefly.", [image(2, (30, 60)), image(3)]),
+         ("User: text only, long enough to pass the sliding window of the local layers", [])]
+
+
+@pytest.mark.parametrize("args", [
+    {},
+    {"attention_backend": "torch_native"},
+    {"chunked_prefill_size": 12, "page_size": 4},
+    {"chunked_prefill_size": 12, "page_size": 4, "attention_backend": "torch_native"},
+], ids=["cpu-paged", "torch-native", "chunked-paged", "torch-native-chunked-paged"])
+def test_greedy_tokens_and_logprobs_equal_transformers(tiny_gemma3, oracle, args) -> None:
+    refs = [oracle(text, imgs) for text, imgs in CASES]
+    assert refs[0][2] > 24 and refs[1][2] > 2 * TOKENS  # past the sliding window
+    with radixserve.Engine(model_path=tiny_gemma3, max_total_tokens=2048, quantization="none", dtype="float32",
+                           check_invariants=True, show_progress=False, **args) as eng:
+        outs = eng.generate(prompt=[t for t, _ in CASES], image_data=[imgs for _, imgs in CASES],
+                            sampling_params=GREEDY, return_logprob=True)
+        again = eng.generate(prompt=CASES[0][0], image_data=CASES[0][1], sampling_params=GREEDY,
+                             return_logprob=True)
+    for out, (tokens, logprobs, n) in zip(outs, refs):
+        assert out["output_ids"] == tokens
+        assert out["meta_info"]["prompt_tokens"] == n
+        got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+    assert again["output_ids"] == refs[0][0]
+    assert again["meta_info"]["cached_tokens"] >= refs[0][2] - 4  # the image span from the radix cache
+    got = [lp for lp, *_ in again["meta_info"]["output_token_logprobs"]]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(refs[0][1]), atol=2e-4, rtol=0)
+
+
+def test_the_image_span_really_attends_both_ways(oracle) -> None:
+    """The control: transformers without the image block in its mask gives other logprobs on these prompts, so the
+    equality above needs the bidirectional span."""
+    for text, imgs in CASES[:2]:
+        _, both_ways, _ = oracle(text, imgs)
+        _, causal, _ = oracle(text, imgs, causal=True)
+        assert max(abs(a - b) for a, b in zip(both_ways, causal)) > 1e-3
+
+
+def test_a_step_never_ends_inside_a_span_and_deterministic_mode_is_refused(tiny_gemma3) -> None:
+    from radixserve.model_executor.forward_batch_info import image_span_key_limits
+    from radixserve.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs
+
+    mm = MultimodalInputs([MultimodalDataItem("image", 1, 99999, 3, 4)], 7)
+    pos = torch.arange(2, 8)  # positions 2..7 of one request: the span [3, 7) whole
+    assert image_span_key_limits(pos, [mm], [2], [6], torch.device("cpu")).tolist() == [2, 6, 6, 6, 6, 7]
+    assert image_span_key_limits(torch.arange(8, 10), [mm], [8], [2], torch.device("cpu")) is None  # after it
+    with pytest.raises(ValueError, match="inside image span"):
+        image_span_key_limits(torch.arange(0, 5), [mm], [0], [5], torch.device("cpu"))
+    with pytest.raises(ValueError, match="enable_deterministic_inference"):
+        radixserve.Engine(model_path=tiny_gemma3, max_total_tokens=1024, dtype="float32",
+                          enable_deterministic_inference=True, show_progress=False)
+
+
+def test_llama_cpp_text_gguf_and_mmproj_give_the_folders_tokens(tmp_path, default_model_path) -> None:
+    """The folder converted by llama.cpp's convert_hf_to_gguf.py (a Gemma 3 text GGUF, and --mmproj: projector type
+    gemma3, its soft-embedding norm stored as 1 + w, the projection in float16) serves with --mmproj as the folder
+    does."""
+    import subprocess
+    import sys
+
+    from tests.models.test_idefics3_engine import CONVERTER
+
+    assert CONVERTER.is_file(), f"{CONVERTER} is missing: run `make setup`"
+    # Gemma 3's own layer pattern: a GGUF has no per-layer types, llama.cpp's loader assumes it
+    (tmp_path / "hf").mkdir()
+    folder = make_tiny_gemma3(tmp_path / "hf", default_model_path, None)
+    text, mmproj = tmp_path / "text.gguf", tmp_path / "mmproj.gguf"
+    for out, extra in ((text, []), (mmproj, ["--mmproj"])):
+        subprocess.run([sys.executable, str(CONVERTER), folder, "--outtype", "f32", "--outfile", str(out),
+                        *extra], check=True, capture_output=True, timeout=300)
+    tokens, _, n = make_oracle(folder)(*CASES[0])
+    with radixserve.Engine(model_path=str(text), mmproj=str(mmproj), max_total_tokens=2048, quantization="none",
+                           dtype="float32", show_progress=False) as eng:
+        out = eng.generate(prompt=CASES[0][0], image_data=CASES[0][1], sampling_params=GREEDY)
+    assert out["output_ids"] == tokens and out["meta_info"]["prompt_tokens"] == n
