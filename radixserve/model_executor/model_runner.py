@@ -6,9 +6,8 @@ holds one pipeline stage: its layers, their KV, and a PipelineStage that moves a
 stages and shares the last stage's sampled tokens with every rank (pipeline_stage.py). It never
 picks requests and never sees a Req: the scheduler has decided *who* runs; this decides *how*.
 
-Init order (each step needs the one before):
-    parallel state -> model config -> weights (this rank's shard) -> KV pool sized from what is
-    left -> attention backend -> sampler
+Init order (each step needs the one before): parallel state -> model config -> weights (this rank's
+shard) -> KV pool sized from what is left -> attention backend -> sampler
 
 Execution mode: exact (the default: each op on its fastest path) or deterministic
 (--enable-deterministic-inference: batch-invariant, see layers/batch_invariant.py). The mode is
@@ -155,11 +154,8 @@ class ModelRunner:
         # steps of at most this many rows run the low-bit copy (None = every step; layers/linear.py)
         self.quant_max_rows = resolve_low_bit_max_rows(server_args.quant_max_rows, self.dtype)
         self._load_model(model)
-        # image spans that attend both ways (Gemma 3): each step's ForwardBatch.attn_q_last
+        # Gemma 3's image spans attend both ways: ForwardBatch.attn_q_last
         self.image_spans_bidirectional = bool(getattr(self.model, "image_spans_bidirectional", False))
-        if self.image_spans_bidirectional and self.deterministic:
-            raise ValueError(f"enable_deterministic_inference: {self.model_config.architecture}'s image tokens attend "
-                             "to their whole image, and the batch-invariant attention kernel is causal only")
         self._init_memory_pool()
         self.attn_backend = self._make_attn_backend()
         self.quant_ops = self._quant_ops()
@@ -311,6 +307,9 @@ class ModelRunner:
         """--enable-deterministic-inference: the C++ kernels or nothing. Falling back to the PyTorch
         paths would silently give batch-dependent results, so a machine that cannot build them fails here."""
         flag = "--enable-deterministic-inference"
+        if self.image_spans_bidirectional:
+            raise ValueError(f"enable_deterministic_inference: {self.model_config.architecture}'s image tokens attend "
+                             "to their whole image, and the batch-invariant attention kernel is causal only")
         if not cpu_fp32:
             raise ValueError(f"{flag} needs device=cpu and dtype=float32")
         ops, reason = load_cpu_ops()

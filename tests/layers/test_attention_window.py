@@ -380,8 +380,8 @@ def test_torch_native_builds_one_windowed_view_per_window_per_step():
     """Masks are per step and per distinct window: layers sharing a window share the view."""
     backend = TorchNativeAttnBackend(torch.device("cpu"))
     layers = [RadixAttention(4, 16, 0.25, 2, i, sliding_window=w) for i, w in enumerate([3, None, 3, 7])]
-    with mock.patch.object(torch_native_backend, "_windowed_table",
-                           wraps=torch_native_backend._windowed_table) as built:
+    with mock.patch.object(torch_native_backend, "windowed_table",
+                           wraps=torch_native_backend.windowed_table) as built:
         for got, want in run_step(backend, ForwardMode.DECODE, [(20, 1), (9, 1), (40, 1)], layers, torch.float32, 0):
             torch.testing.assert_close(got.double(), want, atol=ATOL, rtol=RTOL)
     assert sorted(call.args[2] for call in built.call_args_list) == [3, 7]

@@ -174,3 +174,47 @@ def test_llama_cpp_text_gguf_and_mmproj_give_the_folders_tokens(tmp_path, defaul
                            dtype="float32", show_progress=False) as eng:
         out = eng.generate(prompt=CASES[0][0], image_data=CASES[0][1], sampling_params=GREEDY)
     assert out["output_ids"] == tokens and out["meta_info"]["prompt_tokens"] == n
+
+
+# Gemma 3's turn format with its image marker (the shape of google/gemma-3-4b-it's template)
+GEMMA_TEMPLATE = ("{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' else "
+                  "message['role'] }}\n{% for item in message['content'] %}{% if item['type'] == 'image' %}"
+                  "<start_of_image>{% else %}{{ item['text'] }}{% endif %}{% endfor %}<end_of_turn>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_chat_over_http_equals_transformers_processor(tiny_gemma3, oracle, tmp_path) -> None:
+    """/v1/chat/completions with an image part: the template writes <start_of_image> after "user\\n", whose newline
+    merges with the expansion's "\\n\\n" (one token), as in transformers' processor on the same rendered text;
+    /tokenize counts the same ids."""
+    import base64
+    import io
+
+    import httpx
+    import openai
+    from jinja2 import Template
+
+    from tests.server_process import ServerProcess
+
+    (tmp_path / "template.jinja").write_text(GEMMA_TEMPLATE)
+    img = image(5, (44, 36))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}]
+    rendered = Template(GEMMA_TEMPLATE).render(messages=[{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "What is this?"}]}], add_generation_prompt=True)
+    tokens, _, n = oracle(rendered, [img])
+    srv = ServerProcess(["--model-path", tiny_gemma3, "--chat-template", str(tmp_path / "template.jinja"),
+                         "--quantization", "none", "--dtype", "float32", "--max-total-tokens", "2048"])
+    for s in srv.running():
+        client = openai.OpenAI(base_url=s.base_url + "/v1", api_key="none")
+        resp = client.chat.completions.create(model="hf", messages=[{"role": "user", "content": content}],
+                                              max_tokens=NEW, temperature=0)
+        tokenized = httpx.post(s.base_url + "/tokenize", json={"messages": [{"role": "user", "content": content}]})
+    assert resp.usage.prompt_tokens == n and tokenized.json()["count"] == n
+    from transformers import AutoTokenizer
+
+    stop = next((i for i, t in enumerate(tokens) if t in (1, 2)), len(tokens))  # the config's and SmolLM2's EOS
+    want = AutoTokenizer.from_pretrained(tiny_gemma3).decode(tokens[:stop], skip_special_tokens=True)
+    assert stop > 0 and resp.choices[0].message.content == want

@@ -21,7 +21,7 @@ step, and cached on the step's metadata keyed by window; a window that covers ev
 the global view. Windowed views gather only the keys some query of the part can see, and a long
 query block runs in chunks of _WINDOW_CHUNK rows, each over its own keys, so a local layer's cost
 stays flat as the context grows. SDPA takes no soft-cap: a capped layer computes scores, tanh cap,
-mask and softmax explicitly (_capped_attention); uncapped layers keep the SDPA fast paths.
+mask and softmax explicitly (capped_attention); uncapped layers keep the SDPA fast paths.
 """
 
 from __future__ import annotations
@@ -32,8 +32,15 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from radixserve.layers.attention.attention_math import (
+    attention,
+    band_mask,
+    effective_window,
+    gather_kv,
+    window_start,
+    windowed_table,
+)
 from radixserve.layers.attention.base_attn_backend import AttentionBackend
-from radixserve.mem_cache.kv_quant import dequantize_kv
 
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
@@ -177,7 +184,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         if self.batched_mask:
             # query i of a request sits at position prefix_len + i = seq_len - L + i
             q_pos = (seq_lens - q_len).unsqueeze(1) + torch.arange(q_len, device=self.device)  # [nb, L]
-            mask = _band(q_pos, torch.arange(max_len, device=self.device), None).unsqueeze(1)  # [nb, 1, L, max_len]
+            mask = band_mask(q_pos, torch.arange(max_len, device=self.device), None).unsqueeze(1)  # [nb, 1, L, max_len]
         token_idx = (torch.tensor([starts[i] for i in rows], device=self.device).unsqueeze(1)
                      + torch.arange(q_len, device=self.device)).reshape(-1)
         all_rows = len(rows) * q_len == fb.input_ids.shape[0] and starts[rows[0]] == 0 and all(
@@ -213,7 +220,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                           (fb.extend_seq_lens - 1).unsqueeze(1))  # [bs, L] row of the block (pads: the last)
         token_idx = (fb.extend_start_loc.unsqueeze(1) + j).reshape(-1)  # [bs * L]
         q_pos = fb.extend_prefix_lens.unsqueeze(1) + j  # [bs, L]
-        mask = _band(q_pos, key_pos, None).unsqueeze(1)  # [bs, 1, L, max_len]
+        mask = band_mask(q_pos, key_pos, None).unsqueeze(1)  # [bs, 1, L, max_len]
         kv_indices = rtt[fb.req_pool_indices, :max_len].contiguous()  # [bs, max_len]
         all_rows = q_len * bs == n
         return BatchedPart(token_idx, q_len, kv_indices, mask, fb.seq_lens.contiguous(), all_rows, q_pos)
@@ -225,11 +232,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         if last is not None and torch.equal(last, q_pos):
             last = None  # no row of this request sees past itself: the causal paths
         if pre == 0:  # this step's own K/V only; an explicit mask where rows see past themselves
-            mask = None if last is None else _band(q_pos, q_pos, None, last)
+            mask = None if last is None else band_mask(q_pos, q_pos, None, last)
             return RaggedItem(start, ext, None, mask, q_last=last)
         seq = pre + ext
         kv_indices = fb.req_to_token_pool.req_to_token[int(fb.req_pool_indices[i]), :seq]
-        mask = _band(q_pos, torch.arange(seq, device=self.device), None, last)  # [ext, seq]
+        mask = band_mask(q_pos, torch.arange(seq, device=self.device), None, last)  # [ext, seq]
         return RaggedItem(start, ext, kv_indices, mask, pre, q_last=last)
 
     # ------------------------------------------------------------ compute
@@ -256,7 +263,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> None:
         """Rows of one long query block against this step's own K/V (PREFILL) or its gathered history."""
         sl = slice(item.start, item.start + item.extend_len)
-        window = _effective_window(layer.sliding_window, item.prefix_len + item.extend_len)
+        window = effective_window(layer.sliding_window, item.prefix_len + item.extend_len)
         if window is not None or layer.logit_cap is not None:
             self._attend_ragged_chunks(q, k, v, k_buf, v_buf, layer, item, window, out)
             return
@@ -268,8 +275,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=item.mask is None, attn_mask=item.mask,
                                                 scale=layer.scaling, enable_gqa=True)
         else:
-            ki = _gather(k_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, hd]
-            vi = _gather(v_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)
+            ki = gather_kv(k_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, seq, hd]
+            vi = gather_kv(v_buf, item.kv_indices, q.dtype).transpose(0, 1).unsqueeze(0)
             oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=item.mask, scale=layer.scaling, enable_gqa=True)
         out[sl] = oi.squeeze(0).transpose(0, 1)
 
@@ -287,14 +294,14 @@ class TorchNativeAttnBackend(AttentionBackend):
             own = slice(item.start + first, item.start + item.extend_len)
             ki, vi = k[own], v[own]
         else:
-            ki = _gather(k_buf, item.kv_indices[first:], q.dtype)
-            vi = _gather(v_buf, item.kv_indices[first:], q.dtype)
+            ki = gather_kv(k_buf, item.kv_indices[first:], q.dtype)
+            vi = gather_kv(v_buf, item.kv_indices[first:], q.dtype)
         ki, vi = ki.transpose(0, 1).unsqueeze(0), vi.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, keys, hd]
         for c in chunks:
             rows = slice(item.start + c.row0, item.start + c.row1)
             keys = slice(c.key0 - first, c.key1 - first)
             qc = q[rows].transpose(0, 1).unsqueeze(0)
-            oc = _attention(qc, ki[:, :, keys], vi[:, :, keys], c.mask, layer.scaling, layer.logit_cap)
+            oc = attention(qc, ki[:, :, keys], vi[:, :, keys], c.mask, layer.scaling, layer.logit_cap)
             out[rows] = oc.squeeze(0).transpose(0, 1)
 
     def _ragged_chunks(self, item: RaggedItem, window: int | None) -> list[WindowChunk]:
@@ -303,10 +310,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         for row0 in range(0, ext, _WINDOW_CHUNK):
             row1 = min(ext, row0 + _WINDOW_CHUNK)
             # rows' last keys never decrease: the chunk's last row sees furthest
-            key0, key1 = _window_start(pre + row0, window), (pre + row1 if last is None else int(last[row1 - 1]) + 1)
+            key0, key1 = window_start(pre + row0, window), (pre + row1 if last is None else int(last[row1 - 1]) + 1)
             q_pos = pre + torch.arange(row0, row1, device=self.device)
             rows_last = None if last is None else last[row0:row1]
-            mask = _band(q_pos, torch.arange(key0, key1, device=self.device), window, rows_last)  # [rows, keys]
+            mask = band_mask(q_pos, torch.arange(key0, key1, device=self.device), window, rows_last)  # [rows, keys]
             chunks.append(WindowChunk(row0, row1, key0, key1, mask))
         return chunks
 
@@ -324,86 +331,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         nb = b.kv_indices.shape[0]
         qb = q[b.token_idx].view(nb, b.query_len, layer.num_heads, layer.head_dim).transpose(1, 2)
         kv_indices, mask = self._batched_view(b, layer.sliding_window)
-        kb = _gather(k_buf, kv_indices, q.dtype).transpose(1, 2)  # [nb, kv_heads, keys, head_dim]
-        vb = _gather(v_buf, kv_indices, q.dtype).transpose(1, 2)
-        ob = _attention(qb, kb, vb, mask, layer.scaling, layer.logit_cap)
+        kb = gather_kv(k_buf, kv_indices, q.dtype).transpose(1, 2)  # [nb, kv_heads, keys, head_dim]
+        vb = gather_kv(v_buf, kv_indices, q.dtype).transpose(1, 2)
+        ob = attention(qb, kb, vb, mask, layer.scaling, layer.logit_cap)
         out[b.token_idx] = ob.transpose(1, 2).reshape(-1, layer.num_heads, layer.head_dim)
 
     def _batched_view(self, b: BatchedPart, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot table, mask) of the batched part for a layer with this window: the step's global ones, or
         the window's (built once per step, shared by every layer with that window)."""
-        window = _effective_window(window, b.kv_indices.shape[1])
+        window = effective_window(window, b.kv_indices.shape[1])
         if window is None:
             return b.kv_indices, b.mask
         view = b.windowed.get(window)
         if view is None:
-            view = b.windowed[window] = _windowed_table(b.kv_indices, b.q_pos, window)
+            view = b.windowed[window] = windowed_table(b.kv_indices, b.q_pos, window)
         return view
-
-
-def _window_start(pos: int, window: int | None) -> int:
-    """The first key a query at position pos sees."""
-    return 0 if window is None else max(0, pos - window + 1)
-
-
-def _effective_window(window: int | None, n_keys: int) -> int | None:
-    """None where the window hides nothing: every query of a part whose positions are < n_keys sees all its
-    keys, so the global view (and its SDPA fast paths) computes the same."""
-    return None if window is None or window >= n_keys else window
-
-
-def _band(q_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None,
-          q_last: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., Lq, Lk] bool, True = attend, from q_pos [..., Lq] and key_pos [..., Lk] (broadcast): key j is
-    visible to query i iff j <= i (j <= q_last[i] where given: an image span seen both ways), and, with a window
-    W, j > i - W (transformers' sliding-window rule, applied after: AND(window, OR(causal, span)))."""
-    qp, kp = q_pos.unsqueeze(-1), key_pos.unsqueeze(-2)
-    mask = kp <= (qp if q_last is None else q_last.unsqueeze(-1))
-    if window is not None:
-        mask &= kp > qp - window
-    return mask
-
-
-def _windowed_table(kv_indices: torch.Tensor, q_pos: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batched part's slot table cut to the keys a window lets its rows see: request b's columns start at
-    its first row's window start, width = window + L - 1 (the span of L consecutive windows), so a step reads
-    O(window) keys per request however long its history. Returns (table [nb, width], mask [nb, 1, L, width]).
-    Columns past the table (short histories) repeat its last entry, masked out."""
-    max_len, q_len = kv_indices.shape[1], q_pos.shape[1]
-    width = min(max_len, window + q_len - 1)
-    first = (q_pos.min(dim=1, keepdim=True).values - window + 1).clamp(min=0)  # [nb, 1]
-    key_pos = first + torch.arange(width, device=kv_indices.device)  # [nb, width]
-    table = kv_indices.gather(1, key_pos.clamp(max=max_len - 1)).contiguous()
-    return table, _band(q_pos, key_pos, window).unsqueeze(1)
-
-
-def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, cap: float | None
-) -> torch.Tensor:
-    """q [B, H, Lq, D], k/v [B, Hkv, Lk, D], mask (True = attend) broadcast to [B, H, Lq, Lk]."""
-    if cap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return _capped_attention(q, k, v, mask, scale, cap)
-
-
-def _capped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, cap: float
-) -> torch.Tensor:
-    """Attention with a logit soft-cap (SDPA has none): scores, cap * tanh(s / cap), mask, softmax, in
-    float32 whatever the model dtype. Every row sees at least its own key, so no row is all -inf."""
-    group = q.shape[-3] // k.shape[-3]
-    kf = k.float().repeat_interleave(group, dim=-3)
-    vf = v.float().repeat_interleave(group, dim=-3)
-    s = torch.matmul(q.float(), kf.transpose(-1, -2)) * scale
-    s = torch.tanh(s / cap) * cap
-    s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), vf).to(q.dtype)
-
-
-def _gather(buf: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """buf[indices] for slot tables of any shape, in the queries' dtype (a bf16 KV cache is widened
-    here). index_select on the flattened table is a row memcpy; advanced indexing is ~2.7x slower on
-    CPU (measured: 1.4 vs 3.7 GB/s)."""
-    # [*idx_shape] -> [*idx_shape, kv_heads, head_dim]
-    rows = buf.index_select(0, indices.reshape(-1)).view(*indices.shape, *buf.shape[1:])
-    return dequantize_kv(rows, dtype)  # a quantised pool: only the rows this step reads are widened (kv_quant.py)
