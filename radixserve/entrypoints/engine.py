@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from radixserve.entrypoints.replicas import Replicas, launch_replicas
+from radixserve.entrypoints.replicas import Replicas, start_replicas
 from radixserve.managers.embedding_request import check_options, embedding_input, encode_vector
 from radixserve.managers.io_struct import GenerateReqInput, ShutdownReq, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager
@@ -42,9 +42,15 @@ class Engine:
             raise ValueError(f"ServerArgs.node_rank: the Engine is node 0 (it receives the requests); start node "
                              f"{self.server_args.node_rank} with `radixserve serve --node-rank "
                              f"{self.server_args.node_rank} ...`")
-        self.tokenizer = get_tokenizer(self.server_args.resolved_model_path(), self.server_args.tokenizer_path,
-                                       self.server_args.chat_template)
-        self.handle: Replicas | None = launch_replicas(self.server_args)
+        # the scheduler process(es) load the model while this one loads the tokenizer
+        pending = start_replicas(self.server_args)
+        try:
+            self.tokenizer = get_tokenizer(self.server_args.resolved_model_path(), self.server_args.tokenizer_path,
+                                           self.server_args.chat_template)
+            self.handle: Replicas | None = pending.wait()
+        except BaseException:
+            pending.kill()
+            raise
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="radixserve-engine", daemon=True)
         self.thread.start()

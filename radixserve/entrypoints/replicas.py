@@ -1,7 +1,7 @@
 """Replicas: the scheduler groups of one server, one per data-parallel rank (--dp-size N; 1 without it).
 
-    launch_replicas(args) -> Replicas  (= start_replicas(args).wait(): the HTTP server spawns first, then imports
-        its own modules while the replicas load)
+    start_replicas(args) -> PendingReplicas; .wait() -> Replicas  (the Engine and the HTTP server spawn first,
+        then load the tokenizer and import their own modules while the replicas load the model)
         replica k = what launch_scheduler starts (tp_size * pp_size ranks), with its own arguments: its own
         --dist-init-addr port, its own --trace-batches file (FILE.dpK.EXT), its own GPUs (replica k
         sees GPUs k*n .. k*n+n-1 of those visible, n = tp * pp), dp_rank k in its logs and answers. Every replica
@@ -147,7 +147,3 @@ def start_replicas(args: ServerArgs) -> PendingReplicas:
             p.kill()
         raise
     return PendingReplicas(args, pending)
-
-
-def launch_replicas(args: ServerArgs, timeout_s: float = 900.0) -> Replicas:
-    return start_replicas(args).wait(timeout_s)

@@ -10,6 +10,8 @@ of out_cache_loc / req_to_token point there and read or write garbage harmlessly
 
 from __future__ import annotations
 
+import mmap
+
 import torch
 
 from radixserve.mem_cache.kv_quant import KV_FP8, kv_bytes_per_value, kv_row_width, quantize_kv
@@ -82,8 +84,8 @@ class KVPool:
         # an int8 pool holds q8_0 blocks, an fp8 pool scaled rows (kv_quant.py)
         self.row_width = kv_row_width(dtype, head_dim)
         shape = (num_kv_heads, self.row_width)
-        self.k_buffer = [torch.zeros((n, *shape), dtype=dtype, device=self.device) for n in rows]
-        self.v_buffer = [torch.zeros((n, *shape), dtype=dtype, device=self.device) for n in rows]
+        self.k_buffer = [zeroed((n, *shape), dtype, self.device) for n in rows]
+        self.v_buffer = [zeroed((n, *shape), dtype, self.device) for n in rows]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -112,3 +114,19 @@ class KVPool:
             if buf.dtype == KV_FP8:
                 buf, q = buf.view(torch.uint8), q.view(torch.uint8)
             buf.index_copy_(0, rows, q)
+
+
+_LAZY_MIN_BYTES = 1 << 20
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled buffer. On the CPU a large one is an anonymous mapping: the kernel hands out zero pages as they
+    are first touched, so the pool costs no time to make (torch.zeros writes every page: ~0.2 s a GiB) and only the
+    slots ever written become resident memory. The tensor keeps its mapping alive."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or nbytes < _LAZY_MIN_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)

@@ -271,6 +271,31 @@ def test_the_cpp_repack_of_a_mixed_stack_makes_the_python_paths_bytes(groups, bl
     assert plan._repack_in_cpp(fmts, [bad, *raws[1:]], [(0, 0, r.shape[0], r.shape[0]) for r in raws]) is None
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@settings(max_examples=10, deadline=None)
+@given(groups=st.lists(st.integers(1, 3), min_size=1, max_size=3), blocks=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_the_cpp_repack_of_legacy_types_makes_the_python_paths_bytes(qtype, groups, blocks, seed) -> None:
+    """The default model's Q4_1 (and Q4_0, Q8_0): csrc/repack.cpp writes the general path's bytes, the file's
+    float16 scales kept as float16 (Q4_0's min -8 d too), for a stack of sources of one type."""
+    from radixserve.kernels.cpu import load_cpu_ops
+    from radixserve.layers.quantization import plan
+
+    if load_cpu_ops()[0] is None:
+        pytest.skip("no C++ kernels")
+    f = FORMATS[qtype]
+    make = small_blocks if qtype == "Q4_0" else random_blocks  # Q4_0: -8 d must stay a float16 value
+    raws = [make(qtype, 8 * g, blocks, seed + i) for i, g in enumerate(groups)]
+    got = plan._repack_in_cpp([f] * len(raws), raws, [(0, 0, r.shape[0], r.shape[0]) for r in raws])
+    want = QuantWeight.from_rows(QuantRows.cat([f.rows(r) for r in raws]))
+    assert got is not None and (got.kind, got.n, got.k) == (want.kind, want.n, want.k)
+    for a, b in ((got.data, want.data), (got.d, want.d), (got.m, want.m)):
+        assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b))
+    bad = raws[0].copy()
+    bad[0, 0:2] = np.array([np.nan if qtype != "Q4_0" else 60000.0], np.float16).view(np.uint8)  # -8 d overflows
+    assert plan._repack_in_cpp([f] * len(raws), [bad, *raws[1:]], [(0, 0, r.shape[0], r.shape[0]) for r in raws]) \
+        is None
+
+
 def test_the_cpp_repack_leaves_non_finite_scales_and_other_cases_to_python() -> None:
     from radixserve.kernels.cpu import load_cpu_ops
     from radixserve.layers.quantization import plan

@@ -8,7 +8,8 @@
     csrc/decode_stack.cpp      DecodeStack: the whole decoder stack of a DECODE step in one call
     csrc/lora_sgmv.cpp         lora_sgmv (each row's own LoRA adapter delta on one projection)
     csrc/fused_experts.cpp     fused_experts (a MoE layer's routed experts on their stacked low-bit blocks)
-    csrc/repack.cpp            repack_kquant (a GGUF Q4_K / Q6_K tensor's blocks into quant_linear's layout;
+    csrc/repack.cpp            repack_kquant / repack_legacy (a GGUF Q4_K / Q6_K, Q4_0 / Q4_1 / Q8_0 tensor's
+                               blocks into quant_linear's layout;
                                _m16: a stack mixing the two, into their join Q8_M16)
     csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h), and
                                quant_tiles.h: the quantised GEMM's register tiles (quant_linear.cpp)

@@ -222,8 +222,10 @@ def _pack_exact(name: str, mod: nn.Module, fmts: list, srcs: list[tuple[str, obj
     return QuantWeight.cat_groups([pack(c) for c in chunks])
 
 
-# GGUF types csrc/repack.cpp turns into the kernel layout in one pass, by ggml type id
+# GGUF types csrc/repack.cpp turns into the kernel layout in one pass, by ggml type id: the K-quants (stacks of
+# either or both) and the legacy types (stacks of one type; float16 scales as the file's)
 _CPP_REPACK = {"Q4_K": 12, "Q6_K": 14}
+_CPP_LEGACY = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 
 
 def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, int, int, int]]) -> QuantWeight | None:
@@ -233,13 +235,15 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
     mixed one (Q4_K_M's q/k in Q4_K, v in Q6_K) takes their join, Q8_M16. None: the general path's case (other
     types, a K cut, a padded vocabulary slice, no C++ kernels, a non-finite scale)."""
     names = {f.name for f in fmts}
-    if not names <= set(_CPP_REPACK):
+    if not (names <= set(_CPP_REPACK) or (len(names) == 1 and names <= set(_CPP_LEGACY))):
         return None
     if any(dim != 0 or padded != v.shape[0] or v.shape[0] % QROWS for v, (dim, _, _, padded) in zip(views, cuts)):
         return None
     ops, _ = load_cpu_ops()
     if ops is None:
         return None
+    if names <= set(_CPP_LEGACY):
+        return _repack_legacy(ops, fmts[0], views)
     mixed = len(names) > 1
     kind = join_kinds([f.kind for f in fmts])
     nj = views[0].shape[1] // fmts[0].block_bytes  # super-blocks a row: one K for every stacked source
@@ -268,6 +272,27 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
     if not KINDS[kind].packed:
         data = data.view(torch.int8)  # an 8-bit kind's values are signed (the general path's dtype)
     return QuantWeight(kind, n, nj * fmts[0].block_size, data, d, m)
+
+
+def _repack_legacy(ops: object, f: object, views: list[np.ndarray]) -> QuantWeight | None:
+    """A stack of one legacy type (Q4_0 / Q4_1 / Q8_0) by csrc/repack.cpp, scales float16 as the file's."""
+    kind = KINDS[f.kind]  # type: ignore[attr-defined]
+    nb = views[0].shape[1] // f.block_bytes  # type: ignore[attr-defined]
+    n = sum(v.shape[0] for v in views)
+    data = torch.empty(n // QROWS, nb * kind.block_bytes, dtype=torch.uint8)
+    d = torch.empty(n // QROWS, nb * QROWS, dtype=torch.float16)
+    m = torch.empty_like(d) if kind.has_min else None
+    g0 = 0
+    for v in views:
+        g1 = g0 + v.shape[0] // QROWS
+        with warnings.catch_warnings():  # read-only: the mapped file is only read
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(np.ascontiguousarray(v))
+        if not ops.repack_legacy(raw, _CPP_LEGACY[f.name], data[g0:g1], d[g0:g1].view(torch.uint8),  # type: ignore
+                                 None if m is None else m[g0:g1].view(torch.uint8)):
+            return None
+        g0 = g1
+    return QuantWeight(kind.id, n, nb * QBLOCK, data if kind.packed else data.view(torch.int8), d, m)
 
 
 def _requant_kind(name: str, fmts: list, types: str, report: QuantReport) -> int:

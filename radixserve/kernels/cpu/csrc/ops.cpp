@@ -33,4 +33,5 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   // non-finite float16 scale, left to the Python path
   m.def("repack_kquant(Tensor raw, int qtype, Tensor(a!) data, Tensor(b!) d, Tensor(c!)? m) -> bool");
   m.def("repack_kquant_m16(Tensor raw, int qtype, Tensor(a!) data, Tensor(b!) d, Tensor(c!) m) -> bool");
+  m.def("repack_legacy(Tensor raw, int qtype, Tensor(a!) data, Tensor(b!) d, Tensor(c!)? m) -> bool");
 }

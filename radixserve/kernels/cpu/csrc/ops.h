@@ -40,5 +40,7 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
 bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d,
                    const c10::optional<at::Tensor>& m);
 bool repack_kquant_m16(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d, at::Tensor& m);
+bool repack_legacy(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d,
+                   const c10::optional<at::Tensor>& m);
 
 }  // namespace radixserve

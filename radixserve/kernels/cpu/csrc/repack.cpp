@@ -1,4 +1,4 @@
-// repack_kquant: a GGUF K-quant tensor's raw block rows straight into the kernels' layout (quant_linear.h;
+// repack_kquant / repack_legacy: a GGUF K-quant (legacy) tensor's raw block rows straight into the kernels' layout (quant_linear.h;
 // layers/quantization/qweight.py: QuantWeight.from_rows with the factored scale records of scale_factors.py), in
 // one pass over the mapped file's bytes, the rows' 8-row groups spread over the threads.
 //
@@ -16,6 +16,13 @@
 //                          nibble as 0..15, Q6_K's value - 32
 //     d, m  [G, nj * 160]  as Q6 above with 16 int8 subs; Q4_K's sub-scale / min of 32 repeated for both of its
 //                          16-halves, Q6_K's min record all zero (promote(): m_super = m_sub = 0)
+//
+// repack_legacy: llama.cpp's legacy types, the file's float16 scales kept as float16 (qweight._half_if_exact):
+//   Q4_0 (18-byte blocks: d, 16 bytes of nibbles; w = d (q - 8)) -> kind Q4_1 with m = -8 d
+//   Q4_1 (20-byte blocks: d, m, 16 bytes of nibbles)             -> kind Q4_1
+//     data  [G, nb * 128]  as Q4_K's above;  d, m  [G, nb * 8] float16 (block, row)
+//   Q8_0 (34-byte blocks: d, 32 int8)                             -> kind Q8_0
+//     data  [G, nb * 256]  (quarter t < 8, row i < 8, byte c < 4) = element 4t + c;  d  [G, nb * 8] float16
 //
 // Every byte equals the Python path's (tests/layers/test_gguf_formats.py checks it on random blocks): that path
 // is ~10 numpy / torch passes over one byte a weight (an 8B file: ~45 s on two cores), this one reads each block
@@ -208,7 +215,102 @@ bool finite_scales(const uint8_t* src, int64_t n, int64_t row_bytes, bool q4k) {
   return true;
 }
 
+// a float known to be a float16 value (a product of one by a power of two) as its float16 bits; false where it
+// is not one (overflow, or bits below float16's precision): the caller then leaves the tensor to Python
+inline bool f32_to_f16_exact(float f, uint16_t* out) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint32_t sign = (bits >> 16) & 0x8000, exp = (bits >> 23) & 0xFF, man = bits & 0x7FFFFF;
+  if (exp == 0 && man == 0) {
+    *out = static_cast<uint16_t>(sign);
+    return true;
+  }
+  if (exp == 0 || exp == 255) return false;  // a float32 subnormal (below float16's range), inf or NaN
+  const int e = static_cast<int>(exp) - 127;
+  if (e > 15) return false;
+  if (e >= -14) {
+    if (man & 0x1FFF) return false;
+    *out = static_cast<uint16_t>(sign | static_cast<uint32_t>(e + 15) << 10 | man >> 13);
+    return true;
+  }
+  const int shift = 13 + (-14 - e);
+  if (shift >= 24) return false;
+  const uint32_t full = 0x800000 | man;
+  if (full & ((1u << shift) - 1)) return false;
+  *out = static_cast<uint16_t>(sign | full >> shift);
+  return true;
+}
+
+inline void store_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
 }  // namespace
+
+bool repack_legacy(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d,
+                   const c10::optional<at::Tensor>& m) {
+  constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;  // ggml type ids
+  TORCH_CHECK(qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0, "repack_legacy: ggml type ", qtype,
+              " is not Q4_0 (2), Q4_1 (3) or Q8_0 (8)");
+  TORCH_CHECK(raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.is_contiguous(), "repack_legacy: raw must be "
+              "contiguous uint8 [rows, row bytes]");
+  const int64_t block = qtype == kQ4_0 ? 18 : qtype == kQ4_1 ? 20 : 34, bb = qtype == kQ8_0 ? 256 : 128;
+  const int64_t n = raw.size(0), row_bytes = raw.size(1);
+  TORCH_CHECK(n % kRows == 0 && row_bytes % block == 0, "repack_legacy: ", n, " rows of ", row_bytes,
+              " bytes are not whole 8-row groups of whole blocks");
+  const int64_t g = n / kRows, nb = row_bytes / block;
+  auto check_out = [&](const at::Tensor& t, int64_t cols, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.dim() == 2 && t.size(0) == g &&
+                t.size(1) == cols, "repack_legacy: ", what, " must be contiguous uint8 [", g, ", ", cols, "]");
+  };
+  check_out(data, nb * bb, "data");
+  check_out(d, nb * 16, "d");  // float16 [G, nb * 8] seen as bytes
+  TORCH_CHECK(m.has_value() == (qtype != kQ8_0), "repack_legacy: Q4_0 and Q4_1 have mins, Q8_0 none");
+  if (m.has_value()) check_out(*m, nb * 16, "m");
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  // every scale finite, and Q4_0's -8 d a float16 value, or the caller's general path decides
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* blk = src + r * row_bytes + j * block;
+      uint16_t h;
+      if (!finite_f16(load_u16(blk)) || (qtype == kQ4_1 && !finite_f16(load_u16(blk + 2))) ||
+          (qtype == kQ4_0 && !f32_to_f16_exact(-8.0f * f16_to_f32(load_u16(blk)), &h)))
+        return false;
+    }
+  }
+  uint8_t *dst = data.data_ptr<uint8_t>(), *dd = d.data_ptr<uint8_t>();
+  uint8_t* mm = m.has_value() ? m->data_ptr<uint8_t>() : nullptr;
+  at::parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
+    uint8_t q[32];
+    for (int64_t gi = lo; gi < hi; ++gi) {
+      for (int i = 0; i < kRows; ++i) {
+        const uint8_t* row = src + (gi * kRows + i) * row_bytes;
+        for (int64_t j = 0; j < nb; ++j) {
+          const uint8_t* blk = row + j * block;
+          uint8_t* drec = dd + gi * nb * 16 + (j * kRows + i) * 2;
+          store_u16(drec, load_u16(blk));
+          uint8_t* out = dst + (gi * nb + j) * bb + i * 4;
+          if (qtype == kQ8_0) {
+            for (int t = 0; t < 8; ++t) std::memcpy(out + t * 32, blk + 2 + 4 * t, 4);
+            continue;
+          }
+          uint16_t mh;
+          if (qtype == kQ4_1) {
+            mh = load_u16(blk + 2);
+          } else {
+            f32_to_f16_exact(-8.0f * f16_to_f32(load_u16(blk)), &mh);
+          }
+          store_u16(mm + gi * nb * 16 + (j * kRows + i) * 2, mh);
+          const uint8_t* qs = blk + (qtype == kQ4_1 ? 4 : 2);
+          for (int e = 0; e < 16; ++e) {  // element e in the low nibble of qs[e], e + 16 in its high one
+            q[e] = qs[e] & 0x0F;
+            q[e + 16] = qs[e] >> 4;
+          }
+          put_nibbles(q, out);
+        }
+      }
+    }
+  });
+  return true;
+}
 
 bool repack_kquant_m16(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::Tensor& d, at::Tensor& m) {
   constexpr int64_t kQ4K = 12, kQ6K = 14;
@@ -279,4 +381,5 @@ bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::T
 TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
   m.impl("repack_kquant", &radixserve::repack_kquant);
   m.impl("repack_kquant_m16", &radixserve::repack_kquant_m16);
+  m.impl("repack_legacy", &radixserve::repack_legacy);
 }
