@@ -57,26 +57,28 @@ class TokenizeServing(OpenAIServingBase):
                                "add_generation_prompt")
             texts, is_batch = [self.chat.apply_template(req.messages)], False
             images = self.chat.images(req.messages)
-            if images:  # as the chat route tokenises it (processors/gemma3.py: the runs are written as text)
-                texts = [self.tm.normalizer.mm_processor.expand_text(texts[0])]
         else:
             is_batch = isinstance(req.prompt, list)
             texts = req.prompt if is_batch else [req.prompt]
             self._check_count(len(texts), "prompt")
-        lists = [self._tokenize(t, req.add_special_tokens) for t in texts]
         if images:  # a vision-language model: each image's run of tokens, read as the image token
-            lists = [await self._with_images(lists[0], images)]
+            lists = [await self._with_images(texts[0], req.add_special_tokens, images)]
+        else:
+            lists = [self._tokenize(t, req.add_special_tokens) for t in texts]
         strs = [[self.token_text(t) for t in ids] for ids in lists] if req.return_token_strs else None
         resp = TokenizeResponse(
             tokens=lists if is_batch else lists[0], count=[len(x) for x in lists] if is_batch else len(lists[0]),
             max_model_len=self.tm.context_len, token_strs=None if strs is None else strs if is_batch else strs[0])
         return JSONResponse(resp.model_dump())
 
-    async def _with_images(self, ids: list[int], images: list[str]) -> list[int]:
-        """`ids` with the image placeholders expanded as the chat route expands them (images decoded off the loop)."""
+    async def _with_images(self, text: str, add_special_tokens: bool, images: list[str]) -> list[int]:
+        """The rendered chat's ids with its images expanded as the chat route expands them: the images decoded off
+        the loop, then the text expanded where the model's processor does it, tokenised, and its placeholders
+        expanded."""
         norm = self.tm.normalizer
         try:
-            prepared = await asyncio.to_thread(norm.prepare_images, GenerateReqInput(input_ids=ids, image_data=images))
+            prepared = await asyncio.to_thread(norm.prepare_images, GenerateReqInput(text=text, image_data=images))
+            ids = self._tokenize(norm.mm_processor.expand_text(text, prepared[0]), add_special_tokens)
             expanded, mm = norm.mm_processor.process(ids, prepared[0])
         except ValueError as e:
             raise APIError.from_value_error(e, {"image_data": "messages"}) from None

@@ -184,8 +184,8 @@ class RequestNormalizer:
             texts = obj.text if is_batch else [obj.text]
             self._check_count(len(texts))
             if prepared is not None and self.mm_processor is not None:
-                texts = [self.mm_processor.expand_text(t) if isinstance(t, str) and k < len(prepared) and prepared[k]
-                         else t for k, t in enumerate(texts)]
+                texts = [self.mm_processor.expand_text(t, prepared[k]) if isinstance(t, str) and k < len(prepared)
+                         and prepared[k] else t for k, t in enumerate(texts)]
             return [self.tokenize(t, obj.add_special_tokens) for t in texts], is_batch
         ids = obj.input_ids
         if not isinstance(ids, list):

@@ -128,6 +128,20 @@ def test_greedy_tokens_and_logprobs_equal_transformers(tiny_gemma3, oracle, args
     torch.testing.assert_close(torch.tensor(got), torch.tensor(refs[0][1]), atol=2e-4, rtol=0)
 
 
+def test_tensor_parallel_and_pipeline_stages_give_the_same_tokens(tiny_gemma3, oracle) -> None:
+    """tp 2 (the tower replicated, the decoder's heads split: each rank masks its heads the same way) and pp 2 (the
+    tower on the first stage; every stage's attention reads the step's image spans), with a chunk budget that would
+    cut a span."""
+    refs = [oracle(text, imgs)[0] for text, imgs in CASES[:2]]
+    for parallel in ({"tp_size": 2}, {"pp_size": 2}):
+        with radixserve.Engine(model_path=tiny_gemma3, max_total_tokens=1024, quantization="none", dtype="float32",
+                               check_invariants=True, show_progress=False, chunked_prefill_size=12, page_size=4,
+                               **parallel) as eng:
+            outs = eng.generate(prompt=[t for t, _ in CASES[:2]], image_data=[imgs for _, imgs in CASES[:2]],
+                                sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == refs, parallel
+
+
 def test_the_image_span_really_attends_both_ways(oracle) -> None:
     """The control: transformers without the image block in its mask gives other logprobs on these prompts, so the
     equality above needs the bidirectional span."""
@@ -218,3 +232,39 @@ def test_chat_over_http_equals_transformers_processor(tiny_gemma3, oracle, tmp_p
     stop = next((i for i, t in enumerate(tokens) if t in (1, 2)), len(tokens))  # the config's and SmolLM2's EOS
     want = AutoTokenizer.from_pretrained(tiny_gemma3).decode(tokens[:stop], skip_special_tokens=True)
     assert stop > 0 and resp.choices[0].message.content == want
+
+
+def test_pan_and_scan_crops_equal_transformers(tiny_gemma3, tmp_path) -> None:
+    """do_pan_and_scan: a wide image becomes the original and its crops, each a tower input and a run introduced as
+    transformers' processor writes it; a tall one too; a square one has no crops. An id prompt of an image with
+    crops is refused by name."""
+    import shutil
+
+    import transformers
+
+    folder = tmp_path / "pas"
+    shutil.copytree(tiny_gemma3, folder)
+    pre = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {**pre, "do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8, "pan_and_scan_max_num_crops": 3,
+         "pan_and_scan_min_ratio_to_activate": 1.2}))
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder, extra_special_tokens={
+        "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"})
+    proc = transformers.Gemma3Processor(transformers.Gemma3ImageProcessorPil.from_pretrained(folder), tok,
+                                        image_seq_length=TOKENS)
+    wide, tall, square = image(6, (90, 30)), image(7, (20, 50)), image(8, (40, 40))
+    text = "Look:<start_of_image>and<start_of_image>and<start_of_image>say."
+    inputs = proc(text=[text], images=[[wide, tall, square]], return_tensors="pt", do_pan_and_scan=True,
+                  pan_and_scan_min_crop_size=8, pan_and_scan_max_num_crops=3, pan_and_scan_min_ratio_to_activate=1.2)
+    assert inputs["pixel_values"].shape[0] > 3  # crops were made
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    n = inputs["input_ids"].shape[1]
+    with radixserve.Engine(model_path=str(folder), max_total_tokens=4096, quantization="none", dtype="float32",
+                           show_progress=False) as eng:
+        got = eng.generate(prompt=text, image_data=[wide, tall, square], sampling_params=GREEDY)
+        with pytest.raises(ValueError, match="pan-and-scan"):
+            eng.generate(input_ids=[5, tok.convert_tokens_to_ids("<start_of_image>"), 6], image_data=[wide],
+                         sampling_params=GREEDY)
+    assert got["output_ids"] == out[0, n:].tolist() and got["meta_info"]["prompt_tokens"] == n

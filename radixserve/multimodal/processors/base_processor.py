@@ -56,9 +56,9 @@ class BaseMultimodalProcessor:
         so it must not call the tokenizer (a subclass tokenises its fixed texts when it is built)."""
         raise NotImplementedError
 
-    def expand_text(self, text: str) -> str:
-        """A text prompt with images, before it is tokenised: a model whose processor writes each image's run of
-        tokens into the text (Gemma 3: "\n\n" around it, which merges with the text beside it) does it here."""
+    def expand_text(self, text: str, images: list[PreparedImage]) -> str:
+        """A text prompt with its images, before it is tokenised: a model whose processor writes each image's runs
+        of tokens into the text (Gemma 3: "\n\n" around each, which merges with the text beside it) does it here."""
         return text
 
     def prepare(self, image: Image.Image) -> PreparedImage:
@@ -83,7 +83,7 @@ class BaseMultimodalProcessor:
                     out.extend(part)
                     continue
                 # a crop of an image is its own tower input: its hash says which image and which crop
-                th = h if tiles == 0 else (h ^ (tiles * 0x9E3779B97F4A7C15)) & _MASK63
+                th = tile_hash(h, tiles)
                 pad = pad_value(self.vocab_size, th)
                 items.append(MultimodalDataItem("image", th, pad, len(out), part.length, part.features))
                 out.extend([pad] * part.length)
@@ -91,6 +91,11 @@ class BaseMultimodalProcessor:
             prev = pos + 1
         out.extend(ids[prev:])
         return out, MultimodalInputs(items, self.image_token_id)
+
+
+def tile_hash(image_hash: int, k: int) -> int:
+    """The hash of tile k of an image (a crop is its own tower input): the image's own for the first."""
+    return image_hash if k == 0 else (image_hash ^ (k * 0x9E3779B97F4A7C15)) & _MASK63
 
 
 def image_processor(model_path: str, hf_config: dict[str, Any]) -> Any:

@@ -4,9 +4,11 @@
 
 written into the *text* before it is tokenised (expand_text): "\\n\\n" merges with the newlines beside it into one
 token of Gemma's vocabulary, so expanding ids would give other ids than transformers. The run of soft tokens is
-the image's span (one tower input: the 896 x 896 image the folder's Gemma3ImageProcessor makes). A prompt given
-as ids (input_ids) with a lone <start_of_image> gets the same run, with "\\n\\n" as its own tokens. Pan-and-scan
-crops are refused.
+the image's span (one tower input: the 896 x 896 image the folder's Gemma3ImageProcessor makes). With pan-and-scan
+(`do_pan_and_scan` in preprocessor_config.json) a wide or tall image also yields crops, each its own tower input and
+run, and the placeholder becomes transformers' "Here is the original image RUN and here are some crops to help you
+see better RUN RUN". A prompt given as ids (input_ids) with a lone <start_of_image> gets the run, with "\\n\\n" as
+its own tokens (an image with crops needs a text prompt: their introduction is text).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from radixserve.multimodal.processors.base_processor import (
     ImageTile,
     PreparedImage,
     image_processor,
+    tile_hash,
 )
 
 
@@ -51,42 +54,61 @@ class Gemma3Processor(BaseMultimodalProcessor):
         self.full_sequence = f"\n\n{self.boi_text}{image_text * n}{eoi_text}\n\n"
         self.newlines = tokenizer.encode("\n\n", add_special_tokens=False)  # for id prompts (see the docstring)
         self.image_processor = image_processor(model_path, hf_config)
-        if getattr(self.image_processor, "do_pan_and_scan", False):
-            raise ValueError(f"{model_path}: preprocessor_config.json sets do_pan_and_scan; Gemma 3's pan-and-scan "
-                             "crops are not supported (set it false)")
 
-    def expand_text(self, text: str) -> str:
-        return text.replace(self.boi_text, self.full_sequence)
+    def _runs(self, image: PreparedImage) -> str:
+        """transformers' Gemma3Processor.replace_image_token: the original image's run, then its crops'."""
+        crops = sum(isinstance(p, ImageTile) for p in image.parts) - 1
+        if crops == 0:
+            return self.full_sequence
+        return (f"Here is the original image {self.full_sequence} and here are some crops to help you see better "
+                + " ".join([self.full_sequence] * crops))
+
+    def expand_text(self, text: str, images: list[PreparedImage]) -> str:
+        pieces = text.split(self.boi_text)
+        out = [pieces[0]]
+        for k, piece in enumerate(pieces[1:]):  # a marker past the images stays (process() names the mismatch)
+            out.append((self._runs(images[k]) if k < len(images) else self.boi_text) + piece)
+        return "".join(out)
 
     def expand(self, image: Image.Image) -> list[list[int] | ImageTile]:
-        pixels = self.image_processor(images=[image], return_tensors="pt")["pixel_values"].to(torch.float32)
-        if tuple(pixels.shape) != (1, 3, self.image_size, self.image_size):
+        out = self.image_processor(images=[image], return_tensors="pt")
+        pixels = out["pixel_values"].to(torch.float32)  # [1 + crops, 3, H, W]: the original first
+        if tuple(pixels.shape[1:]) != (3, self.image_size, self.image_size):
             raise ValueError(f"the image processor made pixels of shape {tuple(pixels.shape)}; the vision tower takes "
-                             f"1 x 3 x {self.image_size} x {self.image_size} (preprocessor_config.json disagrees with "
+                             f"3 x {self.image_size} x {self.image_size} (preprocessor_config.json disagrees with "
                              "config.json)")
-        return [ImageTile({"pixel_values": pixels}, self.seq_len)]
+        return [ImageTile({"pixel_values": pixels[k : k + 1]}, self.seq_len) for k in range(len(pixels))]
 
     def process(self, ids: list[int], images: list[PreparedImage]) -> tuple[list[int], MultimodalInputs]:
-        """Each <start_of_image> of `ids` (one per image): an expanded run (a text prompt) gets the image's pad
-        value in its soft tokens; a lone marker (an id prompt) gets the whole sequence around it."""
+        """Each <start_of_image> of `ids`, one per run (an image and each of its crops): an expanded run (a text
+        prompt) gets the tile's pad value in its soft tokens; a lone marker (an id prompt) gets the whole sequence
+        around it."""
         where = [i for i, t in enumerate(ids) if t == self.boi]
-        if len(where) != len(images):
-            raise ValueError(f"image_data: the prompt has {len(where)} image placeholder(s) for {len(images)} "
-                             f"image(s); put one image part (or {self.boi_text}) per image")
+        tiles = [(image, k, tile) for image in images
+                 for k, tile in enumerate(p for p in image.parts if isinstance(p, ImageTile))]
+        if len(where) == len(images) < len(tiles):  # one lone marker an image, some cut into crops
+            raise ValueError("image_data: an image cut into pan-and-scan crops needs a text prompt (transformers "
+                             "introduces its crops in text); send text, not input_ids")
+        if len(where) != len(tiles):
+            raise ValueError(f"image_data: the prompt has {len(where)} image run(s) for {len(images)} image(s) "
+                             f"({len(tiles)} with their crops); put one image part (or {self.boi_text}) per image")
         n = self.seq_len
         out: list[int] = []
         items: list[MultimodalDataItem] = []
         prev = 0
-        for pos, image in zip(where, images):
-            tile = next(p for p in image.parts if isinstance(p, ImageTile))
+        for pos, (image, k, tile) in zip(where, tiles):
             expanded = ids[pos + 1 : pos + 1 + n] == [self.image_token_id] * n and ids[pos + 1 + n : pos + 2 + n] == [
                 self.eoi]
+            if not expanded and len(image.parts) > 1:
+                raise ValueError("image_data: an image cut into pan-and-scan crops needs a text prompt (transformers "
+                                 "introduces its crops in text); send text, not input_ids")
             out.extend(ids[prev:pos])
             if not expanded:
                 out.extend(self.newlines)
             out.append(self.boi)
-            pad = pad_value(self.vocab_size, image.hash)
-            items.append(MultimodalDataItem("image", image.hash, pad, len(out), n, tile.features))
+            th = tile_hash(image.hash, k)
+            pad = pad_value(self.vocab_size, th)
+            items.append(MultimodalDataItem("image", th, pad, len(out), n, tile.features))
             out.extend([pad] * n)
             out.append(self.eoi)
             if expanded:
