@@ -97,11 +97,17 @@ def _longrope(dim: int, base: float, scaling: dict, max_position: int, trained: 
 
 class RotaryEmbedding(CpuKernelLayer):
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None = None,
-                 rotary_dim: int = 0, trained_max_position: int = 0) -> None:
+                 rotary_dim: int = 0, trained_max_position: int = 0,
+                 mrope_section: tuple[int, ...] | None = None) -> None:
         """`rotary_dim`: the leading dims of each head that rotate (0: all of them; Phi-3-style partial
         rotary leaves the rest as they are). `trained_max_position`: the model's trained context (YaRN and
-        LongRoPE defaults; 0: max_position)."""
+        LongRoPE defaults; 0: max_position). `mrope_section`: M-RoPE (Qwen2.5-VL): the rotary pairs that take
+        a token's temporal, height and width positions, when positions come as [3, n] (rotate_heads)."""
         super().__init__()
+        if mrope_section is not None and sum(mrope_section) != (rotary_dim or head_dim) // 2:
+            raise ValueError(f"mrope_section {list(mrope_section)} does not add up to the {(rotary_dim or head_dim) // 2} "
+                             "rotary pairs of a head")
+        self.mrope_section = mrope_section
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim or head_dim
         inv_freq, attention = _inv_freq(self.rotary_dim, base, scaling, max_position,
@@ -133,6 +139,13 @@ class RotaryEmbedding(CpuKernelLayer):
         With the C++ kernels x is rotated in place (it is a view into the step's qkv output). `step_rows`:
         the step's cos / sin cache (cos_sin)."""
         ops = self.cpu_ops
+        if positions.dim() == 2:  # M-RoPE: [3, n] (t, h, w) positions, each section of pairs from its own row
+            cos, sin = self.mrope_cos_sin(positions, step_rows)
+            if ops is not None and x.dtype == torch.float32 and x.stride(-1) == 1 and x.stride(1) == x.shape[2]:
+                rows = torch.arange(x.shape[0], device=x.device)  # the kernel reads row i of the per-token tables
+                ops.rope_(x, rows, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous())
+                return x
+            return _rotate(x, cos, sin)
         if self.rotary_dim != self.head_dim:
             cos, sin = self.cos_sin(positions, step_rows)
             rot = self.rotary_dim
@@ -143,6 +156,30 @@ class RotaryEmbedding(CpuKernelLayer):
             return x
         cos, sin = self.cos_sin(positions, step_rows)
         return _rotate(x, cos, sin)
+
+
+    def mrope_cos_sin(self, positions: torch.Tensor,
+                      step_rows: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, 1, head_dim / 2] cos / sin of [3, n] positions: pairs of section k from row k (transformers'
+        Qwen2.5-VL recomposition), cached per step as cos_sin's rows are."""
+        if self.mrope_section is None:
+            raise ValueError("[3, n] positions need a model with M-RoPE (mrope_section)")
+        key = (id(self), id(positions))
+        hit = step_rows.get(key) if step_rows is not None else None
+        if hit is not None:
+            return hit[1], hit[2]
+        cos = torch.empty(positions.shape[1], self.cos_cache.shape[1], dtype=self.cos_cache.dtype,
+                          device=positions.device)
+        sin = torch.empty_like(cos)
+        a = 0
+        for k, width in enumerate(self.mrope_section):
+            cos[:, a : a + width] = self.cos_cache[positions[k], a : a + width]
+            sin[:, a : a + width] = self.sin_cache[positions[k], a : a + width]
+            a += width
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        if step_rows is not None:
+            step_rows[key] = (positions, cos, sin)
+        return cos, sin
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -270,6 +270,8 @@ class ScheduleBatch:
             num_extend_reqs=self.num_extend_reqs if self.forward_mode.is_mixed() else None,
             lora_uids=[r.lora_uid for r in self.reqs] if any(r.lora_uid for r in self.reqs) else None,
             mm_inputs=self._mm_inputs(),
+            mrope_inputs=[r.mm_inputs for r in self.reqs] if any(
+                r.mm_inputs is not None and r.mm_inputs.mrope_positions is not None for r in self.reqs) else None,
         )
 
     def _mm_inputs(self) -> list[MultimodalInputs | None] | None:

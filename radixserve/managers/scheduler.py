@@ -75,8 +75,7 @@ class Scheduler:
         self.limits = RequestLimits.build(server_args, self.model_config.context_len, self.model_config.vocab_size,
                                           self.allocator.total_size)
         self.fault_marker = fault_marker_from_env()  # debug/fault_inject.py: a test hook
-        # a failing step fails only the request it is pinned on
-        self.isolation = FailureIsolation(self.tree_cache, self.output_processor, self.stats)
+        self.isolation = FailureIsolation(self.tree_cache, self.output_processor, self.stats)  # a fault fails one request
         # tensor / pipeline parallel: rank 0's clock, broadcast each loop iteration, so that every rank times
         # requests out at the same step (None = this process's own clock)
         self.clock_override: float | None = None
@@ -392,7 +391,8 @@ class Scheduler:
             expert_load=self.expert_load, failed_forward_streak=self.failed_forward_streak,
             deterministic_inference=runner.deterministic, generation_tokens=self.output_processor.generated_tokens,
             context_len=self.model_config.context_len, step_time_s=self.step_time_s, forward_timers=runner.timers,
-            cache_tiers={**self.tree_cache.info(), **encoder_cache_info(runner.model)})
+            cache_tiers={**self.tree_cache.info(), **encoder_cache_info(runner.model)},
+            native_decode_steps=getattr(runner.cpu_graph_runner, "replays", 0))
 
     def get_steps(self, since: int, rid: str | None = None, limit: int = MAX_STEPS_PER_SNAPSHOT) -> dict:
         """The step log's records after step `since` (StepLog.snapshot), with the queue counts shown beside them."""

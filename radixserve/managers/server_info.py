@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 def server_info(queue: QueueState, stats: Mapping[str, int], *, grammar: Mapping[str, Any],
                 spec: Mapping[str, float], expert_load: ExpertLoad | None, failed_forward_streak: int,
                 deterministic_inference: bool, generation_tokens: int, context_len: int, step_time_s: float,
-                forward_timers: Mapping[str, float], cache_tiers: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                forward_timers: Mapping[str, float], cache_tiers: Mapping[str, Any] | None = None,
+                native_decode_steps: int = 0) -> dict[str, Any]:
     """One replica's snapshot, from what Scheduler.get_server_info() hands over: the queues and pool
     (`queue`), the scheduler's counters (`stats`), each component's own report (`grammar`: GrammarQueue.info(),
     `spec`: SpecWorker.info(), the MoE accumulator) and the ModelRunner's cumulative `forward_timers`."""
@@ -36,6 +37,8 @@ def server_info(queue: QueueState, stats: Mapping[str, int], *, grammar: Mapping
         "failed_forward_streak": failed_forward_streak,
         "deterministic_inference": deterministic_inference,
         "generation_tokens": generation_tokens,
+        # decode / verify steps the native decode stack ran whole (model_executor/cpu_graph_runner.py)
+        "native_decode_steps": native_decode_steps,
         **spec,
         **({} if expert_load is None else expert_load.info()),
         "prompt_tokens": stats["prompt_tokens"],

@@ -192,12 +192,14 @@ class CpuGraphRunner:
         swa_loc = swa_kv = _EMPTY_LONG  # one pool: every layer reads the KV slots
         if pool.hybrid:  # its sliding-window layers (mem_cache/swa_memory_pool.py)
             swa_loc, swa_kv = pool.swa_table(fb.out_cache_loc), pool.swa_table(b.kv_indices)
+        # M-RoPE: a decode row's three positions are one (its position + the request's delta)
+        positions = fb.positions if fb.mrope_positions is None else fb.mrope_positions[0].contiguous()
         if lora is None:
-            hidden = self.stack.forward(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len,
+            hidden = self.stack.forward(x, positions, fb.out_cache_loc, b.kv_indices, b.seq_lens, b.query_len,
                                         swa_loc, swa_kv)
         else:
             self._bind_lora(lora.dense.weights)
-            hidden = self.stack.forward_lora(x, fb.positions, fb.out_cache_loc, b.kv_indices, b.seq_lens,
+            hidden = self.stack.forward_lora(x, positions, fb.out_cache_loc, b.kv_indices, b.seq_lens,
                                              b.query_len, lora.dense.row_group, swa_loc, swa_kv)
             self.lora_replays += 1
         t2 = time.perf_counter()

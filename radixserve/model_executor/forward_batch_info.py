@@ -122,6 +122,9 @@ class ModelWorkerBatch:
     # images: per request, its MultimodalInputs when this step computes some of its image tokens, else None;
     # None when no request's step does (multimodal/mm_embedding.py)
     mm_inputs: list[MultimodalInputs | None] | None = None
+    # M-RoPE: per request its MultimodalInputs (its rotary positions) in every step, decode included; None when no
+    # request of the batch has M-RoPE positions
+    mrope_inputs: list[MultimodalInputs | None] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -167,6 +170,9 @@ class ForwardBatch:
     # [n_tokens] int64, the last key position each row attends to, where some row sees past itself: a model whose
     # image spans attend both ways (Gemma 3) has each image row see its whole span. None: causal (every other step)
     attn_q_last: torch.Tensor | None = None
+    # [3, n_tokens] M-RoPE rotary positions (t, h, w) of a step with a Qwen2.5-VL request (image tokens: their grid's
+    # rows and columns; later tokens: position + the request's delta). None: positions are the rotary positions
+    mrope_positions: torch.Tensor | None = None
     # the runner's kernel choices (low-bit copies and their row cap, batch-invariant), fixed at load
     kernel_mode: KernelMode = EXACT
     attn_backend: Any = None
@@ -250,6 +256,8 @@ class ForwardBatch:
             mm_inputs=batch.mm_inputs,
             attn_q_last=(image_span_key_limits(positions, batch.mm_inputs, prefix_cpu, extend_cpu, device)
                          if batch.mm_inputs is not None and model_runner.image_spans_bidirectional else None),
+            mrope_positions=(None if batch.mrope_inputs is None else
+                             mrope_positions_of(positions, batch.mrope_inputs, extend_lens.tolist(), device)),
             kernel_mode=model_runner.kernel_mode,
             attn_backend=model_runner.attn_backend,
         )
@@ -277,3 +285,21 @@ def image_span_key_limits(positions: torch.Tensor, mm_inputs: list[MultimodalInp
             last[row + a - lo : row + b - lo] = item.end - 1
         row += n
     return None if last is None else last.to(device)
+
+
+def mrope_positions_of(positions: torch.Tensor, mrope_inputs: list[MultimodalInputs | None], rows_per_req: list[int],
+                    device: torch.device) -> torch.Tensor:
+    """ForwardBatch.mrope_positions: a text row's position thrice; a prompt row of a request with M-RoPE positions
+    its column of them; a later row (an output token, decode or re-prefilled) its position + the request's delta."""
+    out = positions.unsqueeze(0).repeat(3, 1)
+    row = 0
+    for mm, n in zip(mrope_inputs, rows_per_req):
+        if mm is not None and mm.mrope_positions is not None:
+            pos = positions[row : row + n]
+            table = mm.mrope_positions
+            part = out[:, row : row + n]
+            part += mm.mrope_delta
+            inside = pos < table.shape[1]
+            part[:, inside] = table[:, pos[inside]]
+        row += n
+    return out.to(device)

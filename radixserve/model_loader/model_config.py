@@ -11,12 +11,13 @@ from typing import Any
 
 from radixserve.model_loader.classifier_config import classifier_fields
 from radixserve.model_loader.moe_config import MOE_SPECS, moe_fields
-from radixserve.model_loader.vlm_config import VISION_ARCHITECTURES, text_config
+from radixserve.model_loader.vlm_config import VISION_ARCHITECTURES, mrope_section, text_config
 
 # model_type -> architecture, for configs that lack an `architectures` list.
 _ARCH_FROM_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen2_5_vl_text": "Qwen2ForCausalLM",  # Qwen2.5-VL's decoder (its M-RoPE: ModelConfig.mrope_section)
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
@@ -128,6 +129,7 @@ class ModelConfig:
     sliding_window: int | None = None
     rope_local_theta: float | None = None  # the sliding layers' RoPE base where it differs (Gemma 3)
     rotary_dim: int = 0  # leading dims of a head that RoPE rotates (0: the whole head)
+    mrope_section: tuple[int, ...] | None = None  # M-RoPE (Qwen2.5-VL): rotary pairs per (t, h, w) position
     qk_norm: bool = False
     sandwich_norms: bool = False
     norm_offset: float = 0.0
@@ -170,15 +172,15 @@ class ModelConfig:
     def from_hf_config(cls, cfg: dict, context_length: int | None = None) -> ModelConfig:
         """Build a ModelConfig from a parsed HF `config.json` dict.
 
-        `context_length`, when given, overrides `max_position_embeddings`. Raises ValueError when a
-        required field is missing or malformed, or names an arithmetic key this architecture does not
-        implement.
+        `context_length`, when given, overrides `max_position_embeddings`. Raises ValueError when a required
+        field is missing or malformed, or names an arithmetic key this architecture does not implement.
         """
         if _architecture(cfg) in VISION_ARCHITECTURES:  # the text decoder's ModelConfig, carrying the whole config
             # the outer config's stop tokens (from generation_config.json and the tokenizer) hold for the text
             text = {**text_config(cfg), "eos_token_id": list(merge_token_ids(cfg["text_config"].get("eos_token_id"),
                                                                              cfg.get("eos_token_id")))}
-            return replace(cls.from_hf_config(text, context_length), architecture=_architecture(cfg), mm_config=cfg)
+            return replace(cls.from_hf_config(text, context_length), architecture=_architecture(cfg), mm_config=cfg,
+                           mrope_section=mrope_section(cfg))
         architecture, num_labels = classifier_fields(_architecture(cfg), cfg)
         spec = ARCH_SPECS.get(architecture)
         if spec is None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 VISION_ARCHITECTURES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration",
-                        "SmolVLMForConditionalGeneration", "Gemma3ForConditionalGeneration")
+                        "SmolVLMForConditionalGeneration", "Gemma3ForConditionalGeneration",
+                        "Qwen2_5_VLForConditionalGeneration")
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -22,4 +23,28 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if out.get("model_type"):
         out.pop("architectures", None)
     out.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    for key in ("rope_parameters", "rope_scaling"):  # M-RoPE's sections are read by mrope_section(): plain RoPE here
+        rope = out.get(key)
+        if isinstance(rope, dict) and "mrope_section" in rope:
+            rope = {k: v for k, v in rope.items() if k != "mrope_section"}
+            if rope.get("rope_type", rope.get("type")) == "mrope":
+                rope = {**{k: v for k, v in rope.items() if k != "type"}, "rope_type": "default"}
+            out[key] = rope
     return out
+
+
+def mrope_section(cfg: dict[str, Any]) -> tuple[int, ...] | None:
+    """Qwen2.5-VL's M-RoPE: how many rotary pairs of a head take the (temporal, height, width) positions, from its
+    text config's rope parameters (transformers' default [16, 24, 24] where the config names none); None for the
+    other vision-language models."""
+    if (cfg.get("architectures") or [None])[0] != "Qwen2_5_VLForConditionalGeneration":
+        return None
+    text = cfg.get("text_config") or {}
+    for rope in (text.get("rope_parameters"), text.get("rope_scaling"), cfg.get("rope_scaling")):
+        if isinstance(rope, dict) and "mrope_section" in rope:
+            section = rope["mrope_section"]
+            if not (isinstance(section, list) and len(section) == 3 and all(isinstance(x, int) and x >= 0
+                                                                          for x in section)):
+                raise ValueError(f"config mrope_section {section!r} is not three non-negative integers")
+            return tuple(section)
+    return (16, 24, 24)

@@ -226,7 +226,7 @@ class DecoderModel(nn.Module):
             if theta not in ropes:
                 scaling = cfg.rope_scaling if theta == cfg.rope_theta else None
                 ropes[theta] = RotaryEmbedding(cfg.head_dim, cfg.context_len, theta, scaling, cfg.rotary_dim,
-                                               cfg.trained_context_len)
+                                               cfg.trained_context_len, cfg.mrope_section)
         self.rotary_embs = nn.ModuleList(ropes.values())
         self.layers = nn.ModuleList(
             [DecoderLayer(cfg, i, ps, ropes[cfg.layer_rope_theta(i)]) if i in self.stage_layers else PPMissingLayer()

@@ -26,6 +26,8 @@ MODEL_REGISTRY: dict[str, tuple[str, str]] = {
     "Idefics3ForConditionalGeneration": ("radixserve.models.vision.idefics3", "Idefics3ForConditionalGeneration"),
     "SmolVLMForConditionalGeneration": ("radixserve.models.vision.idefics3", "SmolVLMForConditionalGeneration"),
     "Gemma3ForConditionalGeneration": ("radixserve.models.vision.gemma3", "Gemma3ForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("radixserve.models.vision.qwen2_5_vl",
+                                           "Qwen2_5_VLForConditionalGeneration"),
 }
 
 

@@ -54,6 +54,10 @@ class MultimodalInputs:
 
     items: list[MultimodalDataItem]
     image_token_id: int
+    # M-RoPE (Qwen2.5-VL): the prompt's (t, h, w) rotary positions [3, prompt_len] (an image's tokens take their
+    # grid's rows and columns), and what every later token adds to its position (the prompt's last + 1 - length)
+    mrope_positions: torch.Tensor | None = None
+    mrope_delta: int = 0
 
     def overlaps(self, lo: int, hi: int) -> bool:
         """Whether positions [lo, hi) hold any image token (a step that computes them runs the tower)."""

@@ -16,6 +16,7 @@ MM_PROCESSORS: dict[str, tuple[str, str]] = {
     "Idefics3ForConditionalGeneration": ("radixserve.multimodal.processors.idefics3", "Idefics3Processor"),
     "SmolVLMForConditionalGeneration": ("radixserve.multimodal.processors.idefics3", "Idefics3Processor"),
     "Gemma3ForConditionalGeneration": ("radixserve.multimodal.processors.gemma3", "Gemma3Processor"),
+    "Qwen2_5_VLForConditionalGeneration": ("radixserve.multimodal.processors.qwen2_5_vl", "Qwen25VLProcessor"),
 }
 
 
