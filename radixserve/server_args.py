@@ -158,7 +158,8 @@ class ServerArgs:
     # --- images (a vision-language model: models/vision/) ---
     mmproj: str | None = _knob(
         None, "llama.cpp's vision projector file (convert_hf_to_gguf.py --mmproj) beside a text GGUF --model-path: "
-        "the pair serves as one vision-language model (model_loader/mmproj.py; projector types: idefics3, gemma3)")
+        "the pair serves as one vision-language model (model_loader/mmproj.py; projector types: idefics3, gemma3, "
+        "qwen2.5vl_merger)")
     allowed_local_media_path: str | None = _knob(
         None, "image inputs may name local files under this directory (resolved, symlinks included); None = no "
         "local files")

@@ -104,6 +104,11 @@ def _llama(meta: Meta, cfg: dict) -> dict:
     return {**_sliding_everywhere(meta, cfg), **experts, **({"architectures": ["MixtralForCausalLM"]} if experts else {})}
 
 
+def _qwen2vl(meta: Meta, cfg: dict) -> dict:
+    # Qwen2.5-VL's decoder: its M-RoPE sections (llama.cpp writes four; the fourth is unused)
+    return {"mrope_section": [int(x) for x in list(meta("rope.dimension_sections"))[:3]]}
+
+
 def _qwen3moe(meta: Meta, cfg: dict) -> dict:
     return moe_config(meta, cfg, experts_key="num_experts", size_key="moe_intermediate_size", renormalize=True)
 
@@ -143,6 +148,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "mistral": GGUFArchitecture("MistralForCausalLM", _LLAMA_BLOCK, permuted_qk=True, config=_sliding_everywhere,
                                 required=_LLAMA_REQUIRED),
     "qwen2": GGUFArchitecture("Qwen2ForCausalLM", _LLAMA_BLOCK, required=_LLAMA_REQUIRED),
+    "qwen2vl": GGUFArchitecture("Qwen2ForCausalLM", _LLAMA_BLOCK, config=_qwen2vl, required=_LLAMA_REQUIRED),
     "qwen3": GGUFArchitecture("Qwen3ForCausalLM", {**_LLAMA_BLOCK, **_QK_NORM},
                               required=_LLAMA_REQUIRED | set(_QK_NORM)),
     "gemma2": GGUFArchitecture("Gemma2ForCausalLM", _GEMMA_BLOCK, norm_offset=1.0, config=_gemma2,

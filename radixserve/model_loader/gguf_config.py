@@ -37,7 +37,7 @@ def gguf_hf_config(f: GGUFFile) -> dict[str, Any]:
 
     def meta(key: str, default: Any = None) -> Any:
         value = f.get(f"{arch}.{key}", default)
-        if isinstance(value, list):
+        if isinstance(value, list) and key != "rope.dimension_sections":  # M-RoPE's sections are a list by design
             # Per-layer arrays (e.g. varying head counts) describe models we do not serve.
             # ValueError, not TypeError: the loader's contract is ValueError for any unusable model file.
             raise ValueError(f"GGUF file {f.path}: per-layer {arch}.{key} is not supported")  # noqa: TRY004

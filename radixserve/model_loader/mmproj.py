@@ -20,7 +20,8 @@ from radixserve.model_loader.gguf_file import GGUFFile, open_gguf
 from radixserve.model_loader.model_config import ModelConfig
 
 # clip.projector_type -> the architecture whose vision modules it fills
-PROJECTORS = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration"}
+PROJECTORS = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
+              "qwen2.5vl_merger": "Qwen2_5_VLForConditionalGeneration"}
 
 # llama.cpp tensor name -> ours, per projector type: the SigLIP tower's (the attribute differs), then the projector's
 _TOWER = {"v.patch_embd.weight": "embeddings.patch_embedding.weight", "v.patch_embd.bias": "embeddings.patch_embedding.bias",
@@ -83,7 +84,7 @@ def with_mmproj(cfg: ModelConfig, mmproj: str, tokenizer: Any) -> ModelConfig:
                         "size": {"longest_edge": int(f.get("clip.vision.preproc_image_size", 4 * size))},
                         "max_image_size": {"longest_edge": size}}
         mm: dict[str, Any] = {"scale_factor": scale, "image_token_id": _token(tokenizer, "<image>", mmproj)}
-    else:  # gemma3: llama.cpp's converter writes the pool's factor only where it is not 4
+    elif kind == "gemma3":  # llama.cpp's converter writes the pool's factor only where it is not 4
         proj = f.tensors["mm.input_projection.weight"].shape  # ggml order of the [vision, text] matrix
         if {int(proj[0]), int(proj[1])} != {hidden, cfg.hidden_size}:
             raise ValueError(f"--mmproj {mmproj}: its projector is {int(proj[1])} x {int(proj[0])}; the text model "
@@ -98,9 +99,73 @@ def with_mmproj(cfg: ModelConfig, mmproj: str, tokenizer: Any) -> ModelConfig:
         mm = {"mm_tokens_per_image": side * side, "boi_token_index": boi, "eoi_token_index": eoi,
               "image_token_index": image}
         vision["model_type"] = "siglip_vision_model"  # plain SigLIP positions (no NaViT buckets)
+    elif kind == "qwen2.5vl_merger":
+        vision, mm, preprocessor = _qwen25vl(f, cfg, mmproj, tokenizer, mean, std)
     mm.update({"architectures": [arch], "vision_config": vision, "text_config": {"hidden_size": cfg.hidden_size},
                "preprocessor": preprocessor})
     return replace(cfg, architecture=arch, mm_config=mm)
+
+
+def _qwen25vl(f: GGUFFile, cfg: ModelConfig, mmproj: str, tokenizer: Any, mean: Any, std: Any
+              ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Qwen2.5-VL's vision config, image tokens and image processor from an mmproj file, with llama.cpp's defaults
+    for what the converter does not write (clip.cpp: window 112 pixels, merge 2, two frames a patch) and
+    transformers' Qwen2VLImageProcessor pixel bounds (4 to 1280 merged tokens)."""
+    if cfg.mrope_section is None:
+        raise ValueError(f"--mmproj {mmproj}: a Qwen2.5-VL projector needs its qwen2vl text file (M-RoPE), not a "
+                         f"{cfg.architecture} one")
+    depth, patch = int(f.get("clip.vision.block_count")), int(f.get("clip.vision.patch_size"))
+    merge, every = int(f.get("clip.vision.spatial_merge_size", 2)), int(f.get("clip.vision.n_wa_pattern", 0))
+    out = int(f.tensors["mm.2.weight"].shape[1])  # ggml order: [in, out]
+    if out != cfg.hidden_size:
+        raise ValueError(f"--mmproj {mmproj}: its merger gives {out} wide tokens; the text model is {cfg.hidden_size} "
+                         "wide (another model's mmproj?)")
+    vision = {"depth": depth, "hidden_size": f.get("clip.vision.embedding_length"),
+              "intermediate_size": f.get("clip.vision.feed_forward_length"),
+              "num_heads": f.get("clip.vision.attention.head_count"), "patch_size": patch, "temporal_patch_size": 2,
+              "spatial_merge_size": merge, "window_size": int(f.get("clip.vision.window_size", 112)),
+              "fullatt_block_indexes": [i for i in range(depth) if every and (i + 1) % every == 0],
+              "out_hidden_size": out, "hidden_act": "silu", "in_channels": 3}
+    unit = (patch * merge) ** 2
+    preprocessor = {"image_processor_type": "Qwen2VLImageProcessor", "image_mean": mean, "image_std": std,
+                    "patch_size": patch, "merge_size": merge, "temporal_patch_size": 2, "min_pixels": 4 * unit,
+                    "max_pixels": 1280 * unit}
+    return vision, {"image_token_id": _token(tokenizer, "<|image_pad|>", mmproj)}, preprocessor
+
+
+_QWEN_BLOCK = {"attn_out": "attn.proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj", "ln1": "norm1", "ln2": "norm2"}
+_QWEN_NAMES = {"v.post_ln.weight": "visual.merger.ln_q.weight", "mm.0.weight": "visual.merger.mlp.0.weight",
+               "mm.0.bias": "visual.merger.mlp.0.bias", "mm.2.weight": "visual.merger.mlp.2.weight",
+               "mm.2.bias": "visual.merger.mlp.2.bias"}
+
+
+def _qwen25vl_weights(f: GGUFFile, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The converter's split tensors joined back: the patch embedding's two frames (one Conv3d), each block's q, k
+    and v (one qkv projection)."""
+    def read(name: str) -> torch.Tensor:
+        return torch.from_numpy(f.dequantize(name).copy()).float()
+
+    blocks: set[str] = set()
+    for name in f.tensors:
+        m = _BLOCK_RE.match(name)
+        if name in _QWEN_NAMES or name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
+            continue
+        if m is not None and (m.group(2) in _QWEN_BLOCK or m.group(2) in ("attn_q", "attn_k", "attn_v")):
+            blocks.add(m.group(1))
+            continue
+        raise ValueError(f"--mmproj {path}: tensor {name!r} is not one this projector type has")
+    yield "visual.patch_embed.proj.weight", torch.stack([read("v.patch_embd.weight"), read("v.patch_embd.weight.1")],
+                                                        dim=2)
+    for name, ours in _QWEN_NAMES.items():
+        yield ours, read(name)
+    for i in sorted(blocks, key=int):
+        for part in ("weight", "bias"):
+            yield f"visual.blocks.{i}.attn.qkv.{part}", torch.cat([read(f"v.blk.{i}.attn_{x}.{part}") for x in "qkv"])
+        for stem, ours in _QWEN_BLOCK.items():
+            for part in ("weight", "bias"):
+                if f"v.blk.{i}.{stem}.{part}" in f.tensors:
+                    yield f"visual.blocks.{i}.{ours}.{part}", read(f"v.blk.{i}.{stem}.{part}")
 
 
 def iterate_mmproj_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -108,6 +173,9 @@ def iterate_mmproj_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     tensor is read."""
     f = _open(path)
     kind = f.get("clip.projector_type")
+    if kind == "qwen2.5vl_merger":
+        yield from _qwen25vl_weights(f, path)
+        return
     tower, projector = _TOWER_ATTR[kind], _PROJECTOR_NAMES[kind]
     plan = []
     for name in f.tensors:

@@ -240,7 +240,7 @@ class ModelConfig:
             layer_types=layer_types,
             sliding_window=window if SLIDING in layer_types else None,
             rope_local_theta=local_theta,
-            rotary_dim=0 if rotary_dim == head_dim else rotary_dim,
+            rotary_dim=0 if rotary_dim == head_dim else rotary_dim, mrope_section=mrope_section(cfg),
             qk_norm=spec.qk_norm,
             sandwich_norms=spec.sandwich_norms,
             norm_offset=spec.norm_offset,

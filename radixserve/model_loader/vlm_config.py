@@ -36,11 +36,11 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def mrope_section(cfg: dict[str, Any]) -> tuple[int, ...] | None:
     """Qwen2.5-VL's M-RoPE: how many rotary pairs of a head take the (temporal, height, width) positions, from its
     text config's rope parameters (transformers' default [16, 24, 24] where the config names none); None for the
-    other vision-language models."""
-    if (cfg.get("architectures") or [None])[0] != "Qwen2_5_VLForConditionalGeneration":
+    other models. A llama.cpp qwen2vl text file's config carries it at the top (gguf_arch.py)."""
+    if (cfg.get("architectures") or [None])[0] != "Qwen2_5_VLForConditionalGeneration" and "mrope_section" not in cfg:
         return None
     text = cfg.get("text_config") or {}
-    for rope in (text.get("rope_parameters"), text.get("rope_scaling"), cfg.get("rope_scaling")):
+    for rope in (cfg, text.get("rope_parameters"), text.get("rope_scaling"), cfg.get("rope_scaling")):
         if isinstance(rope, dict) and "mrope_section" in rope:
             section = rope["mrope_section"]
             if not (isinstance(section, list) and len(section) == 3 and all(isinstance(x, int) and x >= 0

@@ -20,20 +20,19 @@ GREEDY = {"max_new_tokens": NEW, "temperature": 0.0, "ignore_eos": True}
 IMG = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen25vl(tmp_path_factory, default_model_path):
+def make_tiny_qwen25vl(path, default_model_path: str, window: int, pixels: tuple[int, int]) -> str:
+    """A tiny random Qwen2.5-VL folder at `path`: windows of `window` pixels, images resized to `pixels` bounds."""
     import transformers
 
     from radixserve.model_loader import get_tokenizer
 
-    path = tmp_path_factory.mktemp("qwen25vl") / "hf"
     tok = get_tokenizer(default_model_path)
     tok.add_special_tokens({"additional_special_tokens": SPECIAL})
     tok.save_pretrained(path)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
     cfg = transformers.Qwen2_5_VLConfig(
         vision_config={"depth": 3, "hidden_size": 32, "intermediate_size": 48, "num_heads": 4, "patch_size": 4,
-                       "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": 16,
+                       "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": window,
                        "fullatt_block_indexes": [1], "out_hidden_size": 64, "in_channels": 3},
         text_config={"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
@@ -44,18 +43,24 @@ def tiny_qwen25vl(tmp_path_factory, default_model_path):
         bos_token_id=1, eos_token_id=2)
     torch.manual_seed(5)
     transformers.Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(path)
-    transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=8 * 8,
-                                          max_pixels=64 * 64).save_pretrained(path)
+    transformers.Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=pixels[0],
+                                          max_pixels=pixels[1]).save_pretrained(path)
     return str(path)
 
 
 @pytest.fixture(scope="module")
-def oracle(tiny_qwen25vl):
+def tiny_qwen25vl(tmp_path_factory, default_model_path):
+    # 16-pixel windows: 2 x 2 merged patches, so these small images span several
+    return make_tiny_qwen25vl(tmp_path_factory.mktemp("qwen25vl") / "hf", default_model_path, 16, (64, 4096))
+
+
+def make_oracle(path: str):
+    """transformers' model and image processor on the folder: run(text, images) -> (tokens, logprobs, n)."""
     import transformers
 
-    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_qwen25vl, dtype=torch.float32).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(tiny_qwen25vl)
-    improc = transformers.Qwen2VLImageProcessorPil.from_pretrained(tiny_qwen25vl)
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    improc = transformers.Qwen2VLImageProcessorPil.from_pretrained(path)
     pad = tok.convert_tokens_to_ids("<|image_pad|>")
 
     def run(text: str, images: list) -> tuple[list[int], list[float], int]:
@@ -79,6 +84,11 @@ def oracle(tiny_qwen25vl):
         return tokens, logprobs, n
 
     return run
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_qwen25vl):
+    return make_oracle(tiny_qwen25vl)
 
 
 CASES = [(f"User: look {IMG}What is it?", [image(1, (52, 40))]),
@@ -118,3 +128,36 @@ def test_the_native_decode_stack_reads_the_shifted_positions(tiny_qwen25vl) -> N
             if not extra:
                 assert eng.get_server_info()["native_decode_steps"] > 0  # the stack ran the decode steps
     assert runs[0] == runs[1]
+
+
+def test_llama_cpp_text_gguf_and_mmproj_give_the_folders_tokens(tmp_path, default_model_path) -> None:
+    """The folder converted by llama.cpp's convert_hf_to_gguf.py (a qwen2vl text GGUF with its M-RoPE sections, and
+    --mmproj: q / k / v and the patch embedding's two frames split, which load joined again) serves with --mmproj as
+    the folder does. The folder keeps what the mmproj file cannot say as llama.cpp assumes it: 112-pixel windows
+    (this image spans four) and transformers' default pixel bounds (4 to 1280 merged tokens)."""
+    import subprocess
+    import sys
+
+    from tests.models.test_idefics3_engine import CONVERTER
+
+    assert CONVERTER.is_file(), f"{CONVERTER} is missing: run `make setup`"
+    (tmp_path / "hf").mkdir()
+    folder = make_tiny_qwen25vl(tmp_path / "hf", default_model_path, 112, (4 * 64, 1280 * 64))
+    text, mmproj = tmp_path / "text.gguf", tmp_path / "mmproj.gguf"
+    for out, extra in ((text, []), (mmproj, ["--mmproj"])):
+        subprocess.run([sys.executable, str(CONVERTER), folder, "--outtype", "f32", "--outfile", str(out), *extra],
+                       check=True, capture_output=True, timeout=300)
+    prompt, images = f"User: look {IMG}What is it?", [image(9, (130, 120))]
+    tokens, logprobs, n = make_oracle(folder)(prompt, images)
+    assert n > 200  # 16 x 15 merged patches: windows of 14 x 14
+    with radixserve.Engine(model_path=str(text), mmproj=str(mmproj), max_total_tokens=2048, quantization="none",
+                           dtype="float32", show_progress=False) as eng:
+        out = eng.generate(prompt=prompt, image_data=images, sampling_params=GREEDY, return_logprob=True)
+    assert out["output_ids"] == tokens and out["meta_info"]["prompt_tokens"] == n
+    got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+    from radixserve.model_loader import get_model_config, get_tokenizer
+    from radixserve.model_loader.mmproj import with_mmproj
+
+    with pytest.raises(ValueError, match="qwen2vl text file"):  # beside a text model without M-RoPE
+        with_mmproj(get_model_config(default_model_path), str(mmproj), get_tokenizer(default_model_path))
