@@ -114,6 +114,18 @@ def test_greedy_tokens_and_logprobs_equal_transformers(tiny_qwen25vl, oracle, ar
     assert again["output_ids"] == refs[0][0] and again["meta_info"]["cached_tokens"] >= refs[0][2] - 4
 
 
+def test_tensor_parallel_and_ngram_speculation_give_the_same_tokens(tiny_qwen25vl, oracle) -> None:
+    """tp 2 (the tower replicated, the decoder split) and n-gram drafting (its verify rows take the shifted M-RoPE
+    positions too) give transformers' tokens."""
+    refs = [oracle(text, imgs)[0] for text, imgs in CASES[:2]]
+    for extra in ({"tp_size": 2}, {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 3}):
+        with radixserve.Engine(model_path=tiny_qwen25vl, max_total_tokens=1024, quantization="none", dtype="float32",
+                               check_invariants=True, show_progress=False, **extra) as eng:
+            outs = eng.generate(prompt=[t for t, _ in CASES[:2]], image_data=[imgs for _, imgs in CASES[:2]],
+                                sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == refs, extra
+
+
 def test_the_native_decode_stack_reads_the_shifted_positions(tiny_qwen25vl) -> None:
     """Low-bit weights, where decode steps run the whole stack natively: its tokens and logprobs equal the same
     engine's layer-by-layer decode (--disable-cpu-graph) bit for bit, so the stack got each request's M-RoPE
