@@ -18,7 +18,7 @@ BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serv
               "speculative": "speculative", "grammar": "grammar", "dashboard": "dashboard", "dp": "data_parallel",
               "collectives": "collectives", "embeddings": "embeddings", "lora": "lora_serving", "moe": "moe",
               "scale": "scale", "hicache": "hicache", "kv-capacity": "kv_capacity",
-              "kv-accuracy": "kv_accuracy"}
+              "kv-accuracy": "kv_accuracy", "vision": "vision"}
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ rest. A budget of 0 keeps nothing (every span that is computed runs the tower).
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ class MultiModalCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        self.encode_s = 0.0  # the tower's (and projector's) time, summed over every miss
 
     def get_or_encode(self, key: int, encode: Callable[[], torch.Tensor]) -> torch.Tensor:
         rows = self.entries.get(key)
@@ -30,7 +32,9 @@ class MultiModalCache:
             self.hits += 1
             return rows
         self.misses += 1
+        t0 = time.perf_counter()
         rows = encode()
+        self.encode_s += time.perf_counter() - t0
         size = rows.numel() * rows.element_size()
         if size <= self.max_bytes:  # one image larger than the whole budget is used once, never kept
             while self.bytes + size > self.max_bytes:
@@ -44,12 +48,12 @@ class MultiModalCache:
         self.entries.clear()
         self.bytes = 0
 
-    def info(self) -> dict[str, int]:
+    def info(self) -> dict[str, float]:
         return {"images": len(self.entries), "bytes": self.bytes, "max_bytes": self.max_bytes,
-                "hits": self.hits, "misses": self.misses}
+                "hits": self.hits, "misses": self.misses, "encode_s": self.encode_s}
 
 
-def encoder_cache_info(model: object) -> dict[str, dict[str, int]]:
+def encoder_cache_info(model: object) -> dict[str, dict[str, float]]:
     """/get_server_info's "mm_encoder_cache" for a vision-language model; nothing for a text model."""
     cache = getattr(model, "encoder_cache", None)
     return {} if cache is None else {"mm_encoder_cache": cache.info()}
