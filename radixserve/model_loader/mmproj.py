@@ -1,6 +1,7 @@
 """llama.cpp's pair of files for a vision-language model: the text GGUF (served as usual: mapped, low-bit) plus an
 `mmproj` GGUF with the vision tower and projector (`--mmproj FILE`, llama.cpp's flag; written by
-`convert_hf_to_gguf.py --mmproj`).
+`convert_hf_to_gguf.py --mmproj`; LLaVA-1.5's by its legacy `convert_image_encoder_to_gguf.py`, projector type
+"mlp", which that converter does not cover).
 
 The mmproj file's `clip.*` metadata becomes the HF-style config the vision model and its processor read
 (ModelConfig.mm_config, with the image processor's settings under "preprocessor"); its `v.*` / `mm.*` tensors
@@ -21,17 +22,21 @@ from radixserve.model_loader.model_config import ModelConfig
 
 # clip.projector_type -> the architecture whose vision modules it fills
 PROJECTORS = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
-              "qwen2.5vl_merger": "Qwen2_5_VLForConditionalGeneration"}
+              "qwen2.5vl_merger": "Qwen2_5_VLForConditionalGeneration", "mlp": "LlavaForConditionalGeneration"}
 
-# llama.cpp tensor name -> ours, per projector type: the SigLIP tower's (the attribute differs), then the projector's
+# llama.cpp tensor name -> ours, per projector type: the tower's (SigLIP, or CLIP with its class embedding and
+# pre-norm; the attribute differs), then the projector's
 _TOWER = {"v.patch_embd.weight": "embeddings.patch_embedding.weight", "v.patch_embd.bias": "embeddings.patch_embedding.bias",
           "v.position_embd.weight": "embeddings.position_embedding.weight", "v.post_ln.weight": "post_layernorm.weight",
-          "v.post_ln.bias": "post_layernorm.bias"}
-_TOWER_ATTR = {"idefics3": "vision_model", "gemma3": "vision_tower"}
+          "v.post_ln.bias": "post_layernorm.bias", "v.class_embd": "embeddings.class_embedding",
+          "v.pre_ln.weight": "pre_layrnorm.weight", "v.pre_ln.bias": "pre_layrnorm.bias"}
+_TOWER_ATTR = {"idefics3": "vision_model", "gemma3": "vision_tower", "mlp": "vision_tower"}
 _PROJECTOR_NAMES = {
     "idefics3": {"mm.model.fc.weight": "connector.modality_projection.proj.weight"},
     "gemma3": {"mm.input_projection.weight": "multi_modal_projector.mm_input_projection_weight",
                "mm.soft_emb_norm.weight": "multi_modal_projector.mm_soft_emb_norm.weight"},
+    "mlp": {f"mm.{i}.{part}": f"multi_modal_projector.linear_{1 + i // 2}.{part}" for i in (0, 2)
+            for part in ("weight", "bias")},
 }
 _BLOCK = {"ln1": "layer_norm1", "ln2": "layer_norm2", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2",
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -71,8 +76,7 @@ def with_mmproj(cfg: ModelConfig, mmproj: str, tokenizer: Any) -> ModelConfig:
               "num_hidden_layers": f.get("clip.vision.block_count"),
               "num_attention_heads": f.get("clip.vision.attention.head_count"), "image_size": size,
               "patch_size": patch, "layer_norm_eps": f.get("clip.vision.attention.layer_norm_epsilon"),
-              # llama.cpp's GELU is the tanh form, as SigLIP's gelu_pytorch_tanh
-              "hidden_act": "gelu_pytorch_tanh" if f.get("clip.use_gelu", True) else "silu"}
+              "hidden_act": _activation(f)}
     mean, std = f.get("clip.vision.image_mean"), f.get("clip.vision.image_std")
     if kind == "idefics3":
         proj_in = f.tensors["mm.model.fc.weight"].shape  # ggml order: [in, out]
@@ -101,9 +105,48 @@ def with_mmproj(cfg: ModelConfig, mmproj: str, tokenizer: Any) -> ModelConfig:
         vision["model_type"] = "siglip_vision_model"  # plain SigLIP positions (no NaViT buckets)
     elif kind == "qwen2.5vl_merger":
         vision, mm, preprocessor = _qwen25vl(f, cfg, mmproj, tokenizer, mean, std)
+    elif kind == "mlp":
+        mm, preprocessor = _llava(f, cfg, mmproj, tokenizer, vision, mean, std)
     mm.update({"architectures": [arch], "vision_config": vision, "text_config": {"hidden_size": cfg.hidden_size},
                "preprocessor": preprocessor})
     return replace(cfg, architecture=arch, mm_config=mm)
+
+
+def _activation(f: GGUFFile) -> str:
+    """The tower's activation as clip.cpp reads the flags: GELU (tanh form in ggml, as SigLIP's gelu_pytorch_tanh),
+    SiLU, or, with neither flag set, quick GELU (CLIP's)."""
+    if f.get("clip.use_gelu", False):
+        return "gelu_pytorch_tanh"
+    return "silu" if f.get("clip.use_silu", False) else "quick_gelu"
+
+
+def _llava(f: GGUFFile, cfg: ModelConfig, mmproj: str, tokenizer: Any, vision: dict[str, Any], mean: Any, std: Any
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """LLaVA-1.5's CLIP tower and MLP projector, as the legacy converter writes them: the layers past the feature
+    layer are already dropped (`block_count` is the tower's N - 1), so the features are the file's last layer's
+    output, or the hidden states `clip.vision.feature_layer` lists (0: the embeddings); the CLS row is dropped, as
+    clip.cpp does. Images are padded to a square with the mean colour, then resized (clip.cpp, and LLaVA-1.5's own
+    `expand2square`): transformers' LlavaImageProcessor with do_pad."""
+    if "v.class_embd" not in f.tensors or "mm.0.weight" not in f.tensors:
+        raise ValueError(f"--mmproj {mmproj}: an mlp projector needs a CLIP tower (v.class_embd) and mm.0")
+    layers = f.get("clip.vision.feature_layer", None)
+    feature: int | list[int] = -1 if layers is None else [int(i) for i in layers]
+    n_features = 1 if isinstance(feature, int) else len(feature)
+    w0 = f.tensors["mm.0.weight"].shape  # ggml order: [in, out]
+    w2 = f.tensors["mm.2.weight"].shape if "mm.2.weight" in f.tensors else None
+    if w2 is None or int(w0[0]) != vision["hidden_size"] * n_features or int(w2[1]) != cfg.hidden_size:
+        got = f"{int(w0[0])} -> {int(w2[1]) if w2 is not None else '?'}"
+        raise ValueError(f"--mmproj {mmproj}: its projector maps {got}; the text model needs "
+                         f"{vision['hidden_size'] * n_features} -> {cfg.hidden_size} (another model's mmproj?)")
+    vision["model_type"] = "clip_vision_model"
+    mm = {"image_token_index": _token(tokenizer, "<image>", mmproj), "vision_feature_layer": feature,
+          "vision_feature_select_strategy": "default", "projector_hidden_act": "gelu",
+          "multimodal_projector_bias": "mm.0.bias" in f.tensors}
+    size = vision["image_size"]
+    preprocessor = {"image_processor_type": "LlavaImageProcessor", "do_pad": True, "image_mean": mean,
+                    "image_std": std, "size": {"shortest_edge": size}, "crop_size": {"height": size, "width": size},
+                    "resample": 3}  # bicubic, as CLIP's processor
+    return mm, preprocessor
 
 
 def _qwen25vl(f: GGUFFile, cfg: ModelConfig, mmproj: str, tokenizer: Any, mean: Any, std: Any
@@ -182,10 +225,18 @@ def iterate_mmproj_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         ours = projector.get(name) or (f"{tower}.{_TOWER[name]}" if name in _TOWER else None)
         m = _BLOCK_RE.match(name)
         if ours is None and m is not None and m.group(2) in _BLOCK:
-            ours = f"{tower}.encoder.layers.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"
+            stem = m.group(2)
+            if stem in ("ffn_up", "ffn_down") and _ffn_swapped(f, m.group(1)):
+                stem = "ffn_down" if stem == "ffn_up" else "ffn_up"
+            ours = f"{tower}.encoder.layers.{m.group(1)}.{_BLOCK[stem]}.{m.group(3)}"
         if ours is None:
             raise ValueError(f"--mmproj {path}: tensor {name!r} is not one this projector type has")
         plan.append((name, ours))
+    if kind == "mlp" and "v.post_ln.weight" not in f.tensors:
+        # the legacy converter drops CLIP's post-norm, which only feeds CLIP's pooled output: an identity fills it
+        hidden = _vision_hidden(f)
+        yield f"{tower}.post_layernorm.weight", torch.ones(hidden)
+        yield f"{tower}.post_layernorm.bias", torch.zeros(hidden)
     for name, ours in plan:
         t = torch.from_numpy(f.dequantize(name).copy()).float()
         if ours.endswith("mm_soft_emb_norm.weight"):
@@ -193,6 +244,13 @@ def iterate_mmproj_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         elif ours.endswith("mm_input_projection_weight") and t.shape[0] != _vision_hidden(f):
             t = t.t().contiguous()
         yield ours, t
+
+
+def _ffn_swapped(f: GGUFFile, block: str) -> bool:
+    """Older converters (LLaVA's legacy one among them) wrote CLIP's fc1 as ffn_down and fc2 as ffn_up; clip.cpp
+    tells them by shape (ffn_down reading the embedding width), and so do we."""
+    down = f.tensors.get(f"v.blk.{block}.ffn_down.weight")
+    return down is not None and int(down.shape[0]) == _vision_hidden(f)
 
 
 def _vision_hidden(f: GGUFFile) -> int:

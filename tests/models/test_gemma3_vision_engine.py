@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 import radixserve
 from tests.models.test_llava_engine import image
+from tests.models.vision_checkpoints import assert_logprobs_close, hf_greedy
 
 NEW = 6
 TOKENS = 16  # mm_tokens_per_image
@@ -74,13 +75,7 @@ def make_oracle(path: str):
         inputs = proc(text=[text], images=[images] if images else None, return_tensors="pt")
         if causal:  # the control: no image block in the mask
             inputs.pop("token_type_ids", None)
-        with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                                 output_scores=True, return_dict_in_generate=True)
-        n = inputs["input_ids"].shape[1]
-        tokens = out.sequences[0, n:].tolist()
-        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-        return tokens, logprobs, n
+        return hf_greedy(model, NEW, inputs.pop("input_ids"), **inputs)
 
     return run
 
@@ -120,12 +115,10 @@ def test_greedy_tokens_and_logprobs_equal_transformers(tiny_gemma3, oracle, args
     for out, (tokens, logprobs, n) in zip(outs, refs):
         assert out["output_ids"] == tokens
         assert out["meta_info"]["prompt_tokens"] == n
-        got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+        assert_logprobs_close(out, logprobs)
     assert again["output_ids"] == refs[0][0]
     assert again["meta_info"]["cached_tokens"] >= refs[0][2] - 4  # the image span from the radix cache
-    got = [lp for lp, *_ in again["meta_info"]["output_token_logprobs"]]
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(refs[0][1]), atol=2e-4, rtol=0)
+    assert_logprobs_close(again, refs[0][1])
 
 
 def test_tensor_parallel_and_pipeline_stages_give_the_same_tokens(tiny_gemma3, oracle) -> None:

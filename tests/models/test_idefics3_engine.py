@@ -14,6 +14,7 @@ import torch
 
 import radixserve
 from tests.models.test_llava_engine import image
+from tests.models.vision_checkpoints import assert_logprobs_close, hf_greedy
 
 NEW = 8
 SPECIAL = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
@@ -65,13 +66,7 @@ def oracle(tiny_idefics3):
 
     def run(text: str, images: list) -> tuple[list[int], list[float], int]:
         inputs = proc(text=[text], images=[images] if images else None, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                                 output_scores=True, return_dict_in_generate=True)
-        n = inputs["input_ids"].shape[1]
-        tokens = out.sequences[0, n:].tolist()
-        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-        return tokens, logprobs, n
+        return hf_greedy(model, NEW, inputs.pop("input_ids"), **inputs)
 
     return run
 
@@ -94,8 +89,7 @@ def test_greedy_tokens_and_logprobs_equal_transformers(tiny_idefics3, oracle, ar
     for out, (tokens, logprobs, n) in zip(outs, refs):
         assert out["output_ids"] == tokens
         assert out["meta_info"]["prompt_tokens"] == n
-        got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+        assert_logprobs_close(out, logprobs)
     assert again["output_ids"] == refs[0][0]
     assert again["meta_info"]["cached_tokens"] >= refs[0][2] - 4  # every crop's span from the radix cache
 

@@ -1,9 +1,13 @@
 """LLaVA through the real scheduler (Engine) against transformers' LlavaForConditionalGeneration in float32 on
 the same tiny random weights: greedy tokens and logprobs with 1 and 2 images, with chunked prefill cutting an
 image span, with a radix hit on a repeated image (and a miss on another image), in one batch with a text-only
-request; and the refusals (placeholders vs images, a text-only model, absurd counts)."""
+request; LLaVA-1.5's pair of llama.cpp files (text GGUF + the legacy converter's mmproj); and the refusals (placeholders vs images, a text-only model, absurd counts)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ import torch
 from PIL import Image
 
 import radixserve
+from tests.models.vision_checkpoints import assert_logprobs_close, hf_greedy
 
 IMAGE_TOKEN = 11  # SmolLM2's `<jupyter_start>`: one token of the default model's tokenizer stands in for <image>
 NEW = 8
@@ -59,13 +64,7 @@ def oracle(tiny_llava):
         kwargs = {}
         if images:
             kwargs["pixel_values"] = proc(images=images, return_tensors="pt")["pixel_values"]
-        with torch.no_grad():
-            out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=NEW,
-                                 min_new_tokens=NEW, do_sample=False, pad_token_id=0, output_scores=True,
-                                 return_dict_in_generate=True, **kwargs)
-        tokens = out.sequences[0, len(expanded):].tolist()
-        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-        return tokens, logprobs
+        return hf_greedy(model, NEW, inputs, attention_mask=torch.ones_like(inputs), **kwargs)[:2]
 
     return run
 
@@ -106,8 +105,7 @@ def test_greedy_tokens_and_logprobs_equal_transformers(tiny_llava, default_model
         assert encoder["images"] == 2 and encoder["misses"] == 2 and encoder["hits"] >= 3
     for out, (tokens, logprobs), (ids, imgs) in zip(outs, refs, cases):
         assert out["output_ids"] == tokens
-        got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+        assert_logprobs_close(out, logprobs)
         assert out["meta_info"]["prompt_tokens"] == len(ids) + (SPAN - 1) * len(imgs)  # image tokens count
     assert again["output_ids"] == refs[0][0]
     page = args.get("page_size", 1)
@@ -218,3 +216,86 @@ def test_a_lora_adapter_on_the_decoder_equals_peft(tiny_llava, default_model_pat
         radixserve.Engine(model_path=tiny_llava, tokenizer_path=default_model_path, max_total_tokens=1024,
                           quantization="none", dtype="float32", show_progress=False,
                           lora_paths=(f"vis={tmp_path / 'vis'}",))
+
+
+LLAMA_CPP = Path(sys.executable).parents[1] / "llama.cpp"  # make setup puts llama.cpp's converters there
+# The legacy converter was written for transformers 4, whose CLIPVisionModel held the tower as `.vision_model`
+# (state dict names `vision_model.*`); transformers 5 flattened it. The script runs unchanged over that layout.
+LEGACY_UNDER_TRANSFORMERS_5 = """
+import runpy, sys, torch, transformers
+from transformers.models.clip import modeling_clip
+Flat = modeling_clip.CLIPVisionModel
+class CLIPVisionModel(torch.nn.Module):
+    def __init__(self, tower):
+        super().__init__()
+        self.vision_model = tower
+    @classmethod
+    def from_pretrained(cls, path):
+        return cls(Flat.from_pretrained(path))
+transformers.CLIPVisionModel = modeling_clip.CLIPVisionModel = CLIPVisionModel  # (transformers re-reads the module's)
+script = sys.argv.pop(1)
+sys.argv[0] = script
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def test_llama_cpp_text_gguf_and_legacy_mmproj_give_the_folders_tokens(tmp_path, default_model_path) -> None:
+    """LLaVA-1.5's pair as llama.cpp makes it (docs/multimodal/llava.md): the text GGUF by convert_hf_to_gguf.py,
+    the CLIP tower and MLP projector by the legacy convert_image_encoder_to_gguf.py, which drops the tower's last
+    layer (the features are layer -2's), drops the post-norm, writes fc1 as ffn_down and keeps the projector and the
+    patch embedding in float16. Served with --mmproj, the pair gives the folder's tokens and logprobs, on a
+    non-square image (padded to a square with the mean colour, as clip.cpp and transformers' do_pad do)."""
+    import transformers
+
+    from radixserve.model_loader import get_tokenizer
+
+    text_conv = LLAMA_CPP / "convert_hf_to_gguf.py"
+    legacy = LLAMA_CPP / "tools" / "mtmd" / "legacy-models" / "convert_image_encoder_to_gguf.py"
+    assert text_conv.is_file() and legacy.is_file(), f"llama.cpp's converters are missing under {LLAMA_CPP}: make setup"
+    folder = tmp_path / "hf"
+    tok = get_tokenizer(default_model_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tok.save_pretrained(folder)
+    torch.manual_seed(1)
+    vc = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4,
+                                       image_size=30, patch_size=6, projection_dim=32)
+    tc = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(
+        vision_config=vc, text_config=tc, image_token_index=tok.convert_tokens_to_ids("<image>"),
+        projector_hidden_act="gelu", vision_feature_layer=-2, vision_feature_select_strategy="default")).eval()
+    with torch.no_grad():  # float16 values, so the legacy converter's float16 tensors hold them exactly
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    model.save_pretrained(folder)
+    improc = transformers.LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": 30},
+                                                 crop_size={"height": 30, "width": 30}, resample=3)
+    improc.save_pretrained(folder)
+    model.model.vision_tower.save_pretrained(tmp_path / "clip")
+    projector = {k.removeprefix("model."): v for k, v in model.state_dict().items() if "multi_modal_projector" in k}
+    torch.save(projector, tmp_path / "llava.projector")  # what llava_surgery writes
+    text, out = tmp_path / "text.gguf", tmp_path / "mmproj"
+    subprocess.run([sys.executable, str(text_conv), str(folder), "--outtype", "f32", "--outfile", str(text)],
+                   check=True, capture_output=True, timeout=300)
+    args = ["-m", str(tmp_path / "clip"), "--clip-model-is-vision", "--llava-projector", str(tmp_path / "llava.projector"),
+            "--projector-type", "mlp", "--use-f32", "--output-dir", str(out)]
+    res = subprocess.run([sys.executable, "-c", LEGACY_UNDER_TRANSFORMERS_5, str(legacy), *args], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    mmproj = out / "mmproj-model-f32.gguf"
+    prompt_text, img = "User: look<image>What is it?", image(4, (50, 36))
+    ids = tok(prompt_text)["input_ids"]
+    expanded = torch.tensor([[t for x in ids for t in ([model.config.image_token_index] * SPAN
+                                                        if x == model.config.image_token_index else [x])]])
+    tokens, logprobs, n = hf_greedy(model, NEW, expanded, attention_mask=torch.ones_like(expanded),
+                                    pixel_values=improc(images=[img], return_tensors="pt")["pixel_values"])
+    with radixserve.Engine(model_path=str(text), mmproj=str(mmproj), max_total_tokens=1024, quantization="none",
+                           dtype="float32", show_progress=False) as eng:
+        got = eng.generate(prompt=prompt_text, image_data=[img], sampling_params=GREEDY, return_logprob=True)
+    assert got["output_ids"] == tokens and got["meta_info"]["prompt_tokens"] == n
+    assert_logprobs_close(got, logprobs)
+    from radixserve.model_loader import get_model_config
+    from radixserve.model_loader.mmproj import with_mmproj
+
+    with pytest.raises(ValueError, match="its projector maps 32 -> 64; the text model needs 32 -> 576"):
+        with_mmproj(get_model_config(default_model_path), str(mmproj), get_tokenizer(default_model_path))

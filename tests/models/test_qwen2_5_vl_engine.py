@@ -13,6 +13,7 @@ import torch
 
 import radixserve
 from tests.models.test_llava_engine import image
+from tests.models.vision_checkpoints import assert_logprobs_close, hf_greedy
 
 NEW = 6
 SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -74,14 +75,8 @@ def make_oracle(path: str):
             text = text.replace("<|placeholder|>", "<|image_pad|>")
             kw = {"pixel_values": pix["pixel_values"], "image_grid_thw": pix["image_grid_thw"]}
         ids = tok(text, return_tensors="pt")["input_ids"]
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=(ids == pad).int(),
-                                 max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                                 output_scores=True, return_dict_in_generate=True, **kw)
-        n = ids.shape[1]
-        tokens = out.sequences[0, n:].tolist()
-        logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens)]
-        return tokens, logprobs, n
+        return hf_greedy(model, NEW, ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=(ids == pad).int(),
+                         **kw)
 
     return run
 
@@ -109,8 +104,7 @@ def test_greedy_tokens_and_logprobs_equal_transformers(tiny_qwen25vl, oracle, ar
     for out, (tokens, logprobs, n) in zip(outs, refs):
         assert out["output_ids"] == tokens
         assert out["meta_info"]["prompt_tokens"] == n
-        got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+        assert_logprobs_close(out, logprobs)
     assert again["output_ids"] == refs[0][0] and again["meta_info"]["cached_tokens"] >= refs[0][2] - 4
 
 
@@ -166,8 +160,7 @@ def test_llama_cpp_text_gguf_and_mmproj_give_the_folders_tokens(tmp_path, defaul
                            dtype="float32", show_progress=False) as eng:
         out = eng.generate(prompt=prompt, image_data=images, sampling_params=GREEDY, return_logprob=True)
     assert out["output_ids"] == tokens and out["meta_info"]["prompt_tokens"] == n
-    got = [lp for lp, *_ in out["meta_info"]["output_token_logprobs"]]
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(logprobs), atol=2e-4, rtol=0)
+    assert_logprobs_close(out, logprobs)
     from radixserve.model_loader import get_model_config, get_tokenizer
     from radixserve.model_loader.mmproj import with_mmproj
 

@@ -51,6 +51,15 @@ class BaseMultimodalProcessor:
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
 
+    def config_token_id(self, *keys: str) -> int:
+        """A special token's id from the config (the first of `keys` present), checked against the vocabulary:
+        a lying config is refused here, not met as an index error in the embedding."""
+        key = next((k for k in keys if k in self.hf_config), keys[0])
+        token = self.hf_config.get(key)
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
+            raise ValueError(f"config {key} {token!r} is not a token of the vocabulary [0, {self.vocab_size})")
+        return token
+
     def expand(self, image: Image.Image) -> list[list[int] | ImageTile]:
         """What one image placeholder becomes: token ids and tiles, in prompt order. It may run on a worker thread,
         so it must not call the tokenizer (a subclass tokenises its fixed texts when it is built)."""

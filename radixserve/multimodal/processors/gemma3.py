@@ -28,19 +28,12 @@ from radixserve.multimodal.processors.base_processor import (
 )
 
 
-def _token_id(hf_config: dict[str, Any], key: str, vocab_size: int) -> int:
-    token = hf_config.get(key)
-    if not isinstance(token, int) or not 0 <= token < vocab_size:
-        raise ValueError(f"config {key} {token!r} is not a token of the vocabulary [0, {vocab_size})")
-    return token
-
-
 class Gemma3Processor(BaseMultimodalProcessor):
     def __init__(self, model_path: str, hf_config: dict[str, Any], vocab_size: int, tokenizer: Any) -> None:
         super().__init__(model_path, hf_config, vocab_size, tokenizer)
-        self.boi = _token_id(hf_config, "boi_token_index", vocab_size)
-        self.eoi = _token_id(hf_config, "eoi_token_index", vocab_size)
-        self.image_token_id = _token_id(hf_config, "image_token_index", vocab_size)  # what the spans stand for
+        self.boi = self.config_token_id("boi_token_index")
+        self.eoi = self.config_token_id("eoi_token_index")
+        self.image_token_id = self.config_token_id("image_token_index")  # what the spans stand for
         n = hf_config.get("mm_tokens_per_image", 256)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"config mm_tokens_per_image {n!r} is not a positive integer")

@@ -29,10 +29,7 @@ FAKE, GLOBAL = "<fake_token_around_image>", "<global-img>"
 class Idefics3Processor(BaseMultimodalProcessor):
     def __init__(self, model_path: str, hf_config: dict[str, Any], vocab_size: int, tokenizer: Any) -> None:
         super().__init__(model_path, hf_config, vocab_size, tokenizer)
-        token = hf_config.get("image_token_id")
-        if not isinstance(token, int) or not 0 <= token < vocab_size:
-            raise ValueError(f"config image_token_id {token!r} is not a token of the vocabulary [0, {vocab_size})")
-        self.image_token_id = token
+        self.image_token_id = self.config_token_id("image_token_id")
         vision = hf_config.get("vision_config") or {}
         size, patch, scale = vision.get("image_size"), vision.get("patch_size"), hf_config.get("scale_factor", 2)
         if not (isinstance(size, int) and isinstance(patch, int) and isinstance(scale, int) and patch > 0

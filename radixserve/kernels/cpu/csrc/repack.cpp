@@ -95,8 +95,31 @@ inline void put_nibbles(const uint8_t* q, uint8_t* out) {
   }
 }
 
+// one Q4_K super-block's 256 values (0..15), element 32 s + e = nibble (s & 1) of qs[32 (s / 2) + e]
+inline void q4_k_values(const uint8_t* blk, uint8_t* q) {
+  const uint8_t* qs = blk + 16;
+  for (int s = 0; s < 8; ++s) {
+    const uint8_t* src = qs + 32 * (s / 2);
+    const int shift = 4 * (s & 1);
+    for (int e = 0; e < 32; ++e) q[32 * s + e] = static_cast<uint8_t>((src[e] >> shift) & 0x0F);
+  }
+}
+
+// one Q6_K super-block's 256 values (0..63, i.e. q + 32): element 128 h + r has its low 4 bits in
+// ql[64 h + r % 64] >> 4 (r / 64) and its top 2 in qh[32 h + r % 32] >> 2 (r / 32)
+inline void q6_k_values(const uint8_t* blk, uint8_t* q) {
+  const uint8_t *ql = blk, *qh = blk + 128;
+  for (int h = 0; h < 2; ++h) {
+    for (int r = 0; r < 128; ++r) {
+      const int lo = (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0F;
+      const int top = (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03;
+      q[128 * h + r] = static_cast<uint8_t>(lo | top << 4);
+    }
+  }
+}
+
 void repack_q4_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_t* data, uint8_t* d, uint8_t* m) {
-  uint8_t q[32];
+  uint8_t q[256];
   for (int64_t j = 0; j < nj; ++j) {
     uint8_t* drec = d + j * 96;
     uint8_t* mrec = m + j * 96;
@@ -110,14 +133,8 @@ void repack_q4_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_
         drec[32 + s * kRows + i] = sc;
         mrec[32 + s * kRows + i] = mn;
       }
-      // 32-block b = 8 j + s: element e = nibble (s & 1) of qs[32 (s / 2) + e]
-      const uint8_t* qs = blk + 16;
-      for (int s = 0; s < 8; ++s) {
-        const uint8_t* src = qs + 32 * (s / 2);
-        const int shift = 4 * (s & 1);
-        for (int e = 0; e < 32; ++e) q[e] = static_cast<uint8_t>(src[e] >> shift);
-        put_nibbles(q, data + (j * 8 + s) * 128 + i * 4);
-      }
+      q4_k_values(blk, q);
+      for (int s = 0; s < 8; ++s) put_nibbles(q + 32 * s, data + (j * 8 + s) * 128 + i * 4);
     }
   }
 }
@@ -130,15 +147,7 @@ void repack_q6_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_
       const uint8_t* blk = raw + i * row_bytes + j * 210;
       store_f32(drec + 4 * i, f16_to_f32(load_u16(blk + 208)));
       for (int s = 0; s < 16; ++s) drec[32 + s * kRows + i] = blk[192 + s];
-      // element 128 h + r: low 4 bits in ql[64 h + r % 64] >> 4 (r / 64), top 2 in qh[32 h + r % 32] >> 2 (r / 32)
-      const uint8_t *ql = blk, *qh = blk + 128;
-      for (int h = 0; h < 2; ++h) {
-        for (int r = 0; r < 128; ++r) {
-          const int lo = (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0F;
-          const int top = (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03;
-          q[128 * h + r] = static_cast<uint8_t>(lo | top << 4);
-        }
-      }
+      q6_k_values(blk, q);
       for (int b = 0; b < 8; ++b) {
         const uint8_t* qb = q + 32 * b;
         uint8_t* out = data + (j * 8 + b) * 192 + i * 4;
@@ -161,6 +170,7 @@ void repack_q6_k_group(const uint8_t* raw, int64_t row_bytes, int64_t nj, uint8_
 // one 8-row group of Q4_K or Q6_K rows as Q8_M16 (the join of a mixed stack; see the header)
 void repack_m16_group(const uint8_t* raw, bool q4k, int64_t row_bytes, int64_t nj, uint8_t* data, uint8_t* d,
                       uint8_t* m) {
+  uint8_t u[256];
   int8_t q[256];
   for (int64_t j = 0; j < nj; ++j) {
     uint8_t* drec = d + j * 160;
@@ -175,9 +185,9 @@ void repack_m16_group(const uint8_t* raw, bool q4k, int64_t row_bytes, int64_t n
           k4_scale_min(blk + 4, s, &sc, &mn);
           drec[32 + (2 * s) * kRows + i] = drec[32 + (2 * s + 1) * kRows + i] = sc;
           mrec[32 + (2 * s) * kRows + i] = mrec[32 + (2 * s + 1) * kRows + i] = mn;
-          const uint8_t* src = blk + 16 + 32 * (s / 2);
-          for (int e = 0; e < 32; ++e) q[32 * s + e] = static_cast<int8_t>((src[e] >> (4 * (s & 1))) & 0x0F);
         }
+        q4_k_values(blk, u);
+        for (int e = 0; e < 256; ++e) q[e] = static_cast<int8_t>(u[e]);
       } else {
         const uint8_t* blk = raw + i * row_bytes + j * 210;
         store_f32(drec + 4 * i, f16_to_f32(load_u16(blk + 208)));
@@ -186,14 +196,8 @@ void repack_m16_group(const uint8_t* raw, bool q4k, int64_t row_bytes, int64_t n
           drec[32 + s * kRows + i] = blk[192 + s];
           mrec[32 + s * kRows + i] = 0;
         }
-        const uint8_t *ql = blk, *qh = blk + 128;
-        for (int h = 0; h < 2; ++h) {
-          for (int r = 0; r < 128; ++r) {
-            const int lo = (ql[64 * h + (r & 63)] >> (4 * (r >> 6))) & 0x0F;
-            const int top = (qh[32 * h + (r & 31)] >> (2 * (r >> 5))) & 0x03;
-            q[128 * h + r] = static_cast<int8_t>((lo | top << 4) - 32);
-          }
-        }
+        q6_k_values(blk, u);
+        for (int e = 0; e < 256; ++e) q[e] = static_cast<int8_t>(u[e] - 32);
       }
       for (int b = 0; b < 8; ++b) {
         uint8_t* out = data + (j * 8 + b) * 256 + i * 4;
