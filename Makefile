@@ -34,7 +34,9 @@ $(STAMP): pyproject.toml Makefile
 		'llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py' \
 		'llama_cpp_python-0.3.36/vendor/llama.cpp/conversion/*' 'llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py/*' \
 		'llama_cpp_python-0.3.36/vendor/llama.cpp/tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py'
-	$(PY) -m radixserve.kernels.cpu  # compile the C++ CPU kernels once, for this CPU (~1 min; optional)
+	# compile the C++ CPU kernels once, for this CPU (~1 min; optional), then the other variants it can run, which
+	# only the kernel tests load (tests/layers/test_kernel_isa.py: ~2 min each, paid here rather than in the suite)
+	$(PY) -m radixserve.kernels.cpu --every-variant
 	touch $(STAMP)
 
 serve: setup

@@ -17,6 +17,7 @@ import torch
 from radixserve.constrained.grammar_spec import GrammarSpec, short_error
 from radixserve.constrained.xgrammar_backend import XGrammarBackend
 from radixserve.managers.req import FinishReason, Req
+from radixserve.model_loader import resolved_tokenizer
 from radixserve.parser.thinking_gate import wrap_compiled
 
 
@@ -37,7 +38,7 @@ class GrammarQueue:
         without such requests never needs to pay."""
         if self._backend is None:
             mc = self.model_config
-            self._backend = XGrammarBackend(self.tokenizer, mc.vocab_size, mc.eos_token_ids,
+            self._backend = XGrammarBackend(resolved_tokenizer(self.tokenizer), mc.vocab_size, mc.eos_token_ids,
                                             self.server_args.grammar_cache_size)
         return self._backend
 

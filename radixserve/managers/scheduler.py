@@ -36,7 +36,7 @@ from radixserve.managers.server_info import server_info
 from radixserve.mem_cache.hiradix_cache import make_tree_cache
 from radixserve.mem_cache.multimodal_cache import encoder_cache_info
 from radixserve.model_executor.model_runner import ModelRunner
-from radixserve.model_loader import get_tokenizer
+from radixserve.model_loader import LazyTokenizer
 from radixserve.parser.thinking_gate import gate_for
 from radixserve.server_args import ServerArgs
 from radixserve.speculative.spec_worker import SpecWorker
@@ -51,7 +51,7 @@ class Scheduler:
         self.model_runner = model_runner or ModelRunner(server_args, rank)
         runner = self.model_runner
         self.model_config = runner.model_config
-        self.tokenizer = get_tokenizer(runner.model_path, server_args.tokenizer_path, server_args.chat_template)
+        self.tokenizer = LazyTokenizer(runner.model_path, server_args.tokenizer_path, server_args.chat_template)
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.token_to_kv_pool_allocator
         self.tree_cache = make_tree_cache(runner)  # radix, chunk (no sharing) or radix over a disk tier

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from radixserve.model_loader.chat_template import with_chat_template
 from radixserve.model_loader.default_model import default_model_path
@@ -96,3 +96,35 @@ def get_tokenizer(model_path: str, tokenizer_path: str | None = None,
     from radixserve.model_loader.hf import get_hf_tokenizer  # lazy: torch + this format's reader
 
     return with_chat_template(get_hf_tokenizer(path), chat_template)
+
+
+class LazyTokenizer:
+    """get_tokenizer(...)'s tokenizer, built at its first use. The scheduler needs text only for stop strings, a
+    grammar or a reasoning budget, and building a tokenizer imports transformers (~1 s of a scheduler process's
+    ~3.5 s start): a process that never sees such a request never pays it. The TokenizerManager loads the same
+    tokenizer eagerly, so a broken one still fails the start."""
+
+    def __init__(self, *args: str | None) -> None:
+        self._lazy_args = args
+        self._lazy_tokenizer: PreTrainedTokenizerBase | None = None
+
+    def resolve(self) -> PreTrainedTokenizerBase:
+        if self._lazy_tokenizer is None:
+            self._lazy_tokenizer = get_tokenizer(*self._lazy_args)  # type: ignore[arg-type]
+        return self._lazy_tokenizer
+
+    def __getattr__(self, name: str) -> Any:  # only what the proxy itself lacks: the tokenizer's API
+        if name.startswith("__") or name.startswith("_lazy_"):  # protocol probes (copy, pickle) load nothing
+            raise AttributeError(name)
+        return getattr(self.resolve(), name)
+
+    def __len__(self) -> int:
+        return len(self.resolve())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+
+def resolved_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer itself, for a consumer that checks its type (xgrammar reads a transformers tokenizer)."""
+    return tokenizer.resolve() if isinstance(tokenizer, LazyTokenizer) else tokenizer

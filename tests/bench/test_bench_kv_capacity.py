@@ -8,7 +8,7 @@ from radixserve.bench import kv_capacity
 
 
 def test_the_hybrid_and_int8_pools_hold_more_and_the_longest_prompt_runs(tmp_path) -> None:
-    res = kv_capacity.main(["--kv-budget-gib", "0.02", "--swa-full-tokens-ratio", "0.25",
+    res = kv_capacity.main(["--kv-budget-gib", "0.01", "--swa-full-tokens-ratio", "0.25",
                             "--json", str(tmp_path / "kv.json")])
     by = {(c["hybrid"], c["kv"]): c for c in res["configs"]}
     one, hybrid = by[False, "bfloat16"], by[True, "bfloat16"]

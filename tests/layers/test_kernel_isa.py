@@ -150,3 +150,8 @@ def test_a_stale_build_lock_left_by_a_killed_build_does_not_hang() -> None:
     res = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert not os.path.exists(os.path.join(build, "lock"))
+
+
+def test_the_build_command_refuses_an_unknown_flag() -> None:
+    with pytest.raises(SystemExit, match="--every-variant"):
+        loader.main(["--every-variants"])

@@ -35,6 +35,8 @@ import functools
 import hashlib
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -206,9 +208,21 @@ def load_paged_attention() -> tuple[Callable[..., None] | None, str]:
     return (None if ops is None else ops.paged_attention), reason
 
 
-def main() -> None:
-    """`python -m radixserve.kernels.cpu`: build (or load) the kernels now, e.g. from `make setup`, so
-    the first server start does not pay for the compile. Never fails set-up."""
+def main(argv: list[str] | None = None) -> None:
+    """`python -m radixserve.kernels.cpu [--every-variant]`: build (or load) the kernels now, e.g. from `make
+    setup`, so the first server start does not pay for the compile. `--every-variant` also builds each other
+    variant this CPU can run (one process per variant: each registers the same ops), which the kernel tests load
+    (tests/layers/test_kernel_isa.py). Never fails set-up."""
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--every-variant"]):
+        raise SystemExit("usage: python -m radixserve.kernels.cpu [--every-variant]")
     built, why = load_cpu_ops()
     status = f"ready ({loaded_isa()} variant)" if built is not None else f"unavailable ({why.splitlines()[0][:200]})"
     print("radixserve C++ CPU kernels:", status)
+    if args and built is not None:
+        for isa in ISA_NAMES:
+            if isa != loaded_isa() and not missing_features(isa):
+                res = subprocess.run([sys.executable, "-m", "radixserve.kernels.cpu"], env={**os.environ, ISA_ENV: isa},
+                                     capture_output=True, text=True)
+                print(f"radixserve C++ CPU kernels, {isa} variant:",
+                      res.stdout.strip().split(": ", 1)[-1] if res.returncode == 0 else "failed")
