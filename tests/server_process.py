@@ -70,7 +70,7 @@ class ServerProcess:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)
         raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s:\n{self.log()}")
 
     def running(self) -> Iterator[ServerProcess]:

@@ -38,7 +38,7 @@ def server_process(cmd: list[str], base: str, name: str, start_timeout_s: float 
                     break
             if time.monotonic() > deadline:
                 raise SystemExit(f"{name} was not ready after {start_timeout_s:.0f} s; log: {log.name}")
-            time.sleep(0.5)
+            time.sleep(0.1)
         yield base
     finally:
         proc.terminate()

@@ -10,6 +10,7 @@ import json
 import sys
 
 from radixserve.debug.inspect import inspect_trace
+from radixserve.process_exit import run_then_exit
 from radixserve.server_args import ServerArgs
 
 # `radixserve bench NAME` -> radixserve.bench.MODULE
@@ -24,7 +25,8 @@ BENCHMARKS = {"roofline": "roofline", "one-batch": "one_batch", "serving": "serv
 def _serve(args: argparse.Namespace) -> None:
     from radixserve.entrypoints.launch_server import launch_server  # lazy: the serve path only
 
-    launch_server(ServerArgs.from_cli_args(args))
+    # a stopped server leaves at once (process_exit.py): its scheduler processes are already gone
+    run_then_exit(launch_server, ServerArgs.from_cli_args(args))
 
 
 def _generate(args: argparse.Namespace) -> None:

@@ -22,3 +22,8 @@ def enable_cpu_kernels(model: nn.Module, ops: Any | None) -> int:
     for mod in layers:
         mod.cpu_ops = ops
     return len(layers)
+
+
+def kernel_ops(model: nn.Module) -> Any | None:
+    """What enable_cpu_kernels gave `model`'s layers: the ops, or None (plain PyTorch, or no such layer)."""
+    return next((mod.cpu_ops for mod in model.modules() if isinstance(mod, CpuKernelLayer)), None)

@@ -26,9 +26,12 @@ whose cut-off lies beyond them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.layers.cpu_kernel_layer import CpuKernelLayer
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo, SamplingInfoMemo
 
 _CANDIDATES = 256
 _CHUNK = 1024
@@ -219,28 +222,42 @@ def _draw(x: torch.Tensor, info: SamplingBatchInfo, uniforms: torch.Tensor, row:
 
 
 # ---------------------------------------------------------------------- module
-class Sampler(torch.nn.Module):
+class Sampler(CpuKernelLayer):
     """Turns the last-position logits of each request into its next token id.
 
     batch_invariant: the runner's --enable-deterministic-inference (layers/batch_invariant.py): each row
     is drawn as a batch of one."""
 
-    def __init__(self, batch_invariant: bool = False) -> None:
+    def __init__(self, batch_invariant: bool = False, cpu_ops: Any = None) -> None:
         super().__init__()
         self.batch_invariant = batch_invariant
+        # the runner's C++ kernels (the ones its layers got), for greedy_argmax; None: torch.argmax
+        self.cpu_ops = cpu_ops if cpu_ops is not None and hasattr(cpu_ops, "greedy_argmax") else None
+        # the runner's steps build their SamplingBatchInfo through it (ForwardBatch.init_new): a decode stream's
+        # steps reuse one
+        self.info_memo = SamplingInfoMemo()
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """torch.argmax(logits, -1), the greedy rows' tokens; through the C++ kernel (the same index: the first
+        maximum, the first NaN) for float32 rows on CPU, ~5x faster than torch's over a 49,152 vocabulary."""
+        ops = self.cpu_ops
+        if (ops is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+                and logits.shape[1] > 0 and logits.stride(1) == 1):
+            return ops.greedy_argmax(logits)
+        return torch.argmax(logits, dim=-1)
 
     def forward(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo) -> torch.Tensor:
         """logits [bs, vocab] -> next token ids [bs] int64. `logits` itself is left untouched
         (the caller may still want raw logprobs); all work happens on one float32 copy."""
         info = sampling_info
         if info.all_greedy and not info.needs_logits_processing:
-            return torch.argmax(logits, dim=-1)
+            return self.argmax(logits)
         x = logits.to(torch.float32, copy=True)  # [bs, vocab]
         info.apply_logits_processing(x)
         if info.all_greedy:
-            return torch.argmax(x, dim=-1)
+            return self.argmax(x)
 
-        greedy_ids = torch.argmax(x, dim=-1) if info.any_greedy else None  # [bs]
+        greedy_ids = self.argmax(x) if info.any_greedy else None  # [bs]
         uniforms = draw_uniforms(x.shape[0], info.seeded_rows, x.device)  # [bs, 2]
         if self.batch_invariant and x.shape[0] > 1:
             # Deterministic inference: each row is sampled as a batch of one, i.e. by exactly the
@@ -260,7 +277,7 @@ class Sampler(torch.nn.Module):
         info = sampling_info
         x = logits.to(torch.float32, copy=True)  # [bs, vocab]
         info.apply_logits_processing(x)
-        greedy_ids = torch.argmax(x, dim=-1) if info.any_greedy else None  # [bs]
+        greedy_ids = self.argmax(x) if info.any_greedy else None  # [bs]
         if self.batch_invariant and x.shape[0] > 1:  # per row, as forward() does
             probs = torch.cat([_weights(x[i : i + 1], info, i) for i in range(x.shape[0])])
         else:

@@ -232,5 +232,6 @@ if __name__ == "__main__":
     # Run the module's own copy, not __main__'s: what the server pickles to this process names
     # radixserve.managers.scheduler_process.SchedulerPorts, and isinstance() must match that class.
     from radixserve.managers import scheduler_process as _module
+    from radixserve.process_exit import run_then_exit
 
-    _module.run_scheduler_process(*pickle.loads(sys.stdin.buffer.read()))
+    run_then_exit(_module.run_scheduler_process, *pickle.loads(sys.stdin.buffer.read()))

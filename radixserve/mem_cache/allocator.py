@@ -124,7 +124,7 @@ class TokenToKVPoolAllocator:
             cursor += n_new
         if not out:
             return torch.empty(0, dtype=torch.int64, device=self.device)
-        return torch.cat(out)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def alloc_decode(self, seq_lens: list[int], last_locs: list[int]) -> torch.Tensor | None:
         """One slot per request for position seq_len-1 (the token this DECODE step writes)."""

@@ -26,6 +26,9 @@ class ReqToTokenPool:
         self.device = torch.device(device)
         # int64 so it can index the KV buffers directly (no cast on the decode hot path).
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=self.device)
+        # on CPU, a numpy view of the same memory: the scheduler reads and writes single entries every step, and
+        # a numpy scalar access is ~20x cheaper than a tensor one (RequestSlots)
+        self.host = self.req_to_token.numpy() if self.device.type == "cpu" else None
         self.free_slots: list[int] = list(range(size))
 
     def available_size(self) -> int:

@@ -63,12 +63,17 @@ class RequestSlots:
         if make_room is not None and self.allocator.available_size() < need:
             make_room(need - self.allocator.available_size())
         rtt = self.req_to_token_pool.req_to_token
-        last_locs = [int(rtt[r, p - 1]) if p > 0 else 0 for r, p in zip(rows, prefix_lens)]
+        host = self.req_to_token_pool.host  # numpy on CPU: entries without tensor indexing
+        table = rtt if host is None else host
+        last_locs = [int(table[r, p - 1]) if p > 0 else 0 for r, p in zip(rows, prefix_lens)]
         locs = self.allocator.alloc_extend(prefix_lens, seq_lens, last_locs)
         if locs is None:
             return None
         if all(s - p == 1 for p, s in zip(prefix_lens, seq_lens)):  # one token each: one scatter
-            rtt[torch.tensor(rows, dtype=torch.int64), torch.tensor(prefix_lens, dtype=torch.int64)] = locs
+            if host is not None:
+                host[rows, prefix_lens] = locs.numpy()
+            else:
+                rtt[torch.tensor(rows, dtype=torch.int64), torch.tensor(prefix_lens, dtype=torch.int64)] = locs
             return locs
         offset = 0
         for r, p, s in zip(rows, prefix_lens, seq_lens):

@@ -35,7 +35,7 @@ from radixserve.layers.attention.batch_invariant_backend import BatchInvariantAt
 from radixserve.layers.attention.cpu_paged_backend import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from radixserve.layers.batch_invariant import ROW_TILE
-from radixserve.layers.cpu_kernel_layer import enable_cpu_kernels
+from radixserve.layers.cpu_kernel_layer import enable_cpu_kernels, kernel_ops
 from radixserve.layers.kernel_mode import KernelMode
 from radixserve.layers.linear import (
     PackableLinear,
@@ -163,7 +163,7 @@ class ModelRunner:
         self.kernel_mode = KernelMode(self.quant_ops, self.quant_max_rows, self.deterministic)
         self.cpu_graph_runner = CpuGraphRunner.maybe_create(self)
         self.lora_manager = make_lora_manager(self)  # None unless --enable-lora / --lora-paths
-        self.sampler = Sampler(batch_invariant=self.deterministic)
+        self.sampler = Sampler(batch_invariant=self.deterministic, cpu_ops=kernel_ops(self.model))
         self.rejection_sampler = RejectionSampler(self.sampler)
         self.timers = {"forward_batch_init_s": 0.0, "forward_s": 0.0, "sample_s": 0.0}
         self.pipeline = None

@@ -243,3 +243,30 @@ class SamplingBatchInfo:
         if self.vocab_mask is not None:
             apply_vocab_mask_(logits, self.vocab_mask)
         return logits
+
+
+class SamplingInfoMemo:
+    """The last step's SamplingBatchInfo, given again to a step whose rows carry the very same SamplingParams
+    objects and nothing that changes from step to step (no token history, prompts or grammar mask: then build()
+    is a function of the params alone). A decode stream's steps then build no tensors here: ~0.1 ms of a 6 ms
+    batch-1 step on a 2-vCPU Zen 3. The memo holds the params it was built from, so identity cannot be reused by
+    a new request's params while it compares them; nothing reads a SamplingBatchInfo's tensors mutably."""
+
+    def __init__(self) -> None:
+        self._params: list[SamplingParams] | None = None
+        self._info: SamplingBatchInfo | None = None
+
+    def build(self, sampling_params: list[SamplingParams], output_ids: list[list[int]] | None, vocab_size: int,
+              eos_token_ids: Sequence[int] | int | None, device: torch.device | str,
+              prompt_ids: list[list[int]] | None = None, vocab_mask: torch.Tensor | None = None) -> SamplingBatchInfo:
+        static = output_ids is None and prompt_ids is None and vocab_mask is None
+        last = self._params
+        if (static and last is not None and len(last) == len(sampling_params)
+                and all(a is b for a, b in zip(last, sampling_params))):
+            assert self._info is not None
+            return self._info
+        info = SamplingBatchInfo.build(sampling_params, output_ids, vocab_size, eos_token_ids, device, prompt_ids,
+                                       vocab_mask)
+        self._params, self._info = (list(sampling_params), info) if static else (None, None)
+        return info
+

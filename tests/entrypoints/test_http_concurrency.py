@@ -54,7 +54,7 @@ def _wait_idle(http: httpx.Client, timeout_s: float = 120.0) -> dict:
         )
         if idle or time.monotonic() > deadline:
             return info
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 def test_64_concurrent_streams_equal_sequential(server, http) -> None:

@@ -50,7 +50,7 @@ def _wait_idle(http: httpx.Client, timeout_s: float = 120.0) -> dict:
         if (info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 and info["num_used_tokens"] == 0) \
                 or time.monotonic() > deadline:
             return info
-        time.sleep(0.5)
+        time.sleep(0.1)
 
 
 def _ok(c: ollama.Client) -> None:

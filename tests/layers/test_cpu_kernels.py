@@ -1,6 +1,7 @@
 """radixserve's C++ CPU kernels against plain PyTorch: paged attention against
 scaled_dot_product_attention over explicitly gathered KV, and the decoder-layer glue (fused
-add + RMSNorm, RoPE, SiLU- and GELU-tanh-and-mul) against the modules' own PyTorch paths.
+add + RMSNorm, RoPE, SiLU- and GELU-tanh-and-mul) against the modules' own PyTorch paths, and the greedy
+sampler's argmax against torch.argmax.
 
 Slots are scattered at random over a pool larger than the batch needs (as after eviction and
 retraction), query blocks of length L > 1 check the causal limit inside the block (TARGET_VERIFY),
@@ -349,3 +350,51 @@ def test_rms_norm_of_a_strided_view_takes_the_kernel():
     out = norm(k)
     assert torch.equal(out, norm(k.contiguous()))
     assert all(torch.equal(out[i : i + 1], norm(k[i : i + 1])) for i in range(6))
+
+
+NAN, INF = float("nan"), float("inf")
+# rows torch.argmax settles by its rules: the first of tied maxima, -0.0 equal to +0.0, inf, the first NaN
+ARGMAX_CASES = [
+    torch.tensor([[1.0, 3.0, 3.0, 2.0], [-0.0, 0.0, -1.0, -0.0], [-INF, -INF, -INF, -INF], [2.0, INF, 5.0, INF],
+                  [1.0, NAN, 9.0, NAN], [-INF, -1e-45, -3e38, -2.0], [0.0, -0.0, 0.0, 1e-45]]),
+    torch.tensor([[NAN]]),
+    torch.full((3, 37), -7.5),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 300), st.data())
+def test_greedy_argmax_equals_torch_argmax(rows: int, vocab: int, data) -> None:
+    """Random rows drawn from a few values (so ties are common), with some specials; a view of wider rows too
+    (the logits of a padded vocabulary), and a single-thread run equal to the threaded one."""
+    pool = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.5, -2.0, 3.25, INF, -INF, NAN, 1e-45, 3e38]),
+                              min_size=1, max_size=4))
+    values = data.draw(st.lists(st.sampled_from(pool) | st.floats(-1e3, 1e3, width=32), min_size=rows * vocab,
+                                max_size=rows * vocab))
+    logits = torch.tensor(values, dtype=torch.float32).view(rows, vocab)
+    assert torch.equal(ops.greedy_argmax(logits), torch.argmax(logits, dim=-1))
+    wide = torch.cat([logits, torch.full((rows, 3), INF)], dim=1)[:, :vocab]  # rows with a stride
+    assert torch.equal(ops.greedy_argmax(wide), torch.argmax(wide, dim=-1))
+
+
+@pytest.mark.parametrize("case", ARGMAX_CASES)
+def test_greedy_argmax_edge_rows(case: torch.Tensor) -> None:
+    assert torch.equal(ops.greedy_argmax(case), torch.argmax(case, dim=-1))
+
+
+def test_greedy_argmax_refuses_what_it_cannot_read() -> None:
+    for bad in (torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3), torch.zeros(2, 0), torch.zeros(3, 2).t()):
+        with pytest.raises(RuntimeError, match="greedy_argmax"):
+            ops.greedy_argmax(bad)
+
+
+def test_the_sampler_takes_the_kernel_and_falls_back_where_it_cannot() -> None:
+    from radixserve.layers.sampler import Sampler
+
+    sampler = Sampler(cpu_ops=ops)
+    logits = torch.randn(4, 1000)
+    assert sampler.cpu_ops is ops
+    assert torch.equal(sampler.argmax(logits), torch.argmax(logits, dim=-1))
+    for other in (logits.double(), logits.bfloat16(), logits.t().contiguous().t()):  # torch.argmax for these
+        assert torch.equal(sampler.argmax(other), torch.argmax(other, dim=-1))
+    assert Sampler().cpu_ops is None

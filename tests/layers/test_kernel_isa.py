@@ -93,6 +93,10 @@ for kv in (torch.float32, torch.bfloat16):
 # the fused MoE experts on every exact GGUF type (tests/layers/test_fused_experts.py's check)
 from tests.layers.test_fused_experts import check_every_kind
 check_every_kind()
+# the greedy argmax: ties, -0.0 against +0.0, infinities and NaN, as torch.argmax
+from tests.layers.test_cpu_kernels import ARGMAX_CASES
+for case in ARGMAX_CASES:
+    assert torch.equal(ops.greedy_argmax(case), torch.argmax(case, dim=-1)), case
 print("ISA", loaded_isa())
 """
 

@@ -176,10 +176,16 @@ class TorchNativeAttnBackend(AttentionBackend):
         if len(lens) != 1:
             raise ValueError(f"batched attention needs one query length per step, got {sorted(lens)}")
         q_len = lens.pop()
+        max_len = max(fb.seq_lens_cpu[i] for i in rows)
+        rtt = fb.req_to_token_pool.req_to_token
+        if fb.forward_mode.is_decode() and not self.batched_mask:
+            # every row in order, one query each, no mask: what a batch-1 decode step needs, with no index tensors
+            kv_indices = rtt[fb.req_pool_indices, :max_len]
+            return BatchedPart(torch.arange(fb.batch_size, device=self.device), 1, kv_indices, None, fb.seq_lens,
+                               True)
         rows_t = torch.tensor(rows, dtype=torch.int64, device=self.device)
         seq_lens = fb.seq_lens[rows_t]  # [nb]
-        max_len = max(fb.seq_lens_cpu[i] for i in rows)
-        kv_indices = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[rows_t], :max_len].contiguous()
+        kv_indices = rtt[fb.req_pool_indices[rows_t], :max_len].contiguous()
         mask = q_pos = None
         if self.batched_mask:
             # query i of a request sits at position prefix_len + i = seq_len - L + i

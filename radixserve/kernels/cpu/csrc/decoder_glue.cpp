@@ -1,10 +1,16 @@
 // The decoder layer's glue on CPU (float32): fused residual-add + RMSNorm, RoPE in place, SiLU- and
-// GELU-tanh-and-mul.
+// GELU-tanh-and-mul; and the greedy sampler's argmax over each row of logits.
 // Op schemas: ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -124,9 +130,83 @@ void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor& out) {
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Greedy sampling: torch.argmax(logits, -1) exactly (the first maximum; the first NaN where a row has one;
+// -0.0 equals +0.0), from the bits, so -ffast-math (which may assume no NaN) cannot change a comparison. A
+// float's bits as a signed int, with the negative ones flipped, order as the floats do. torch.argmax took 52 us
+// over 49,152 logits on a Zen 3 (its index-tracking reduction); here one vectorised pass finds the largest key
+// and the NaNs, a second the first index holding it (the generic variant: the same passes, one value at a time).
+namespace {
+inline int32_t order_key(uint32_t b) {
+  if (b == 0x80000000u) b = 0;  // -0.0 is +0.0
+  return static_cast<int32_t>(b ^ ((static_cast<uint32_t>(static_cast<int32_t>(b) >> 31)) & 0x7fffffffu));
+}
+inline bool is_nan_bits(uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; }
+
+int64_t argmax_row(const uint32_t* bits, int64_t n) {
+  int32_t best = INT32_MIN;
+  bool nan = false;
+  int64_t i = 0;
+#if defined(__AVX2__)
+  // 8 lanes: key = bits ^ ((bits >> 31) & 0x7fffffff), -0.0's key zeroed; NaN: |bits| > inf's bits
+  const __m256i low31 = _mm256_set1_epi32(0x7fffffff), neg0 = _mm256_set1_epi32(INT32_MIN),
+                inf = _mm256_set1_epi32(0x7f800000);
+  auto keys8 = [&](const uint32_t* p) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i k = _mm256_xor_si256(b, _mm256_and_si256(_mm256_srai_epi32(b, 31), low31));
+    return _mm256_andnot_si256(_mm256_cmpeq_epi32(b, neg0), k);
+  };
+  auto nan8 = [&](const uint32_t* p) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm256_cmpgt_epi32(_mm256_and_si256(b, low31), inf);
+  };
+  __m256i mx = _mm256_set1_epi32(INT32_MIN), nn = _mm256_setzero_si256();
+  for (; i + 8 <= n; i += 8) {
+    mx = _mm256_max_epi32(mx, keys8(bits + i));
+    nn = _mm256_or_si256(nn, nan8(bits + i));
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), mx);
+  for (int l = 0; l < 8; ++l) best = std::max(best, lanes[l]);
+  nan = !_mm256_testz_si256(nn, nn);
+#endif
+  for (; i < n; ++i) {
+    best = std::max(best, order_key(bits[i]));
+    nan = nan || is_nan_bits(bits[i]);
+  }
+  int64_t j = 0;
+#if defined(__AVX2__)
+  const __m256i want = _mm256_set1_epi32(best);
+  for (; j + 8 <= n; j += 8) {
+    const __m256i hit = nan ? nan8(bits + j) : _mm256_cmpeq_epi32(keys8(bits + j), want);
+    const int mask = _mm256_movemask_ps(_mm256_castsi256_ps(hit));
+    if (mask) return j + __builtin_ctz(static_cast<unsigned>(mask));
+  }
+#endif
+  for (; j < n; ++j)
+    if (nan ? is_nan_bits(bits[j]) : order_key(bits[j]) == best) return j;
+  return 0;  // unreachable for n >= 1
+}
+}  // namespace
+
+at::Tensor greedy_argmax(const at::Tensor& logits) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.stride(1) == 1 &&
+                  logits.size(1) >= 1,
+              "greedy_argmax: logits must be float32 [rows, vocab >= 1] with contiguous rows");
+  const int64_t rows = logits.size(0), n = logits.size(1), ld = logits.stride(0);
+  at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
+  const uint32_t* base = static_cast<const uint32_t*>(logits.data_ptr());
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t a, int64_t b) {
+    for (int64_t r = a; r < b; ++r) o[r] = argmax_row(base + r * ld, n);
+  });
+  return out;
+}
+
 }  // namespace radixserve
 
 TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
+  m.impl("greedy_argmax", &radixserve::greedy_argmax);
   m.impl("fused_add_rms_norm_", &radixserve::fused_add_rms_norm_);
   m.impl("rope_", &radixserve::rope_);
   m.impl("silu_and_mul", &radixserve::silu_and_mul);

@@ -19,6 +19,8 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("rope_(Tensor(a!) x, Tensor positions, Tensor cos_cache, Tensor sin_cache) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
   m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!) out) -> ()");
+  // the greedy sampler: torch.argmax(logits, -1) of float32 [rows, vocab] (decoder_glue.cpp)
+  m.def("greedy_argmax(Tensor logits) -> Tensor");
   // LoRA deltas of one projection, each row with its own adapter (lora_sgmv.cpp; layout: lora/lora_dense.py)
   m.def("lora_sgmv(Tensor x, Tensor row_group, Tensor A, Tensor Bt, Tensor blocks, Tensor(a!) out) -> ()");
   // a MoE layer's routed experts on their stacked low-bit blocks ([experts, ...] per projection, kinds as
