@@ -223,6 +223,8 @@ class ForwardBatch:
             req_of_token = torch.repeat_interleave(torch.arange(bs), extend_lens)
             positions = torch.arange(n_tokens, dtype=torch.int64) - start_loc[req_of_token]
             positions += prefix[req_of_token]
+        # the step's tensors were built on the CPU: moved to the runner's device, or (a CPU runner) taken as they are
+        on = (lambda t: t) if device.type == "cpu" else (lambda t: t.to(device))  # noqa: E731
         sampling_info = None
         if bs and not batch.forward_mode.is_idle():
             sampling_info = model_runner.sampler.info_memo.build(
@@ -237,17 +239,17 @@ class ForwardBatch:
         fb = cls(
             forward_mode=batch.forward_mode,
             batch_size=bs,
-            input_ids=input_ids.to(device),
-            positions=positions.to(device),
-            req_pool_indices=req_pool_indices.to(device),
-            seq_lens=seq_lens.to(device),
+            input_ids=on(input_ids),
+            positions=on(positions),
+            req_pool_indices=on(req_pool_indices),
+            seq_lens=on(seq_lens),
             seq_lens_cpu=seq_lens_cpu,
-            extend_seq_lens=extend_lens.to(device),
-            extend_prefix_lens=prefix.to(device),
-            extend_start_loc=start_loc.to(device),
+            extend_seq_lens=on(extend_lens),
+            extend_prefix_lens=on(prefix),
+            extend_start_loc=on(start_loc),
             extend_seq_lens_cpu=extend_cpu,
             extend_prefix_lens_cpu=prefix_cpu,
-            out_cache_loc=batch.out_cache_loc.to(device),
+            out_cache_loc=on(batch.out_cache_loc),
             req_to_token_pool=model_runner.req_to_token_pool,
             token_to_kv_pool=model_runner.token_to_kv_pool,
             sampling_info=sampling_info,

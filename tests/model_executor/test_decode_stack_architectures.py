@@ -112,6 +112,23 @@ def test_stack_equals_the_layer_by_layer_path(stacked) -> None:
         assert stack_load == load.take() and stack_load
 
 
+def test_a_slot_outside_the_pool_is_refused_before_anything_is_written(stacked) -> None:
+    """The stack checks a step's KV slots once against the fewest any layer has (not layer by layer)."""
+    arch, runner = stacked
+    if runner.cpu_graph_runner is None or runner.token_to_kv_pool.hybrid:
+        pytest.skip("no stack, or a hybrid pool (its slots are checked through the same minima)")
+    stack, pool = runner.cpu_graph_runner.stack, runner.token_to_kv_pool
+    slots = pool.get_kv_buffer(0)[0].shape[0]
+    hidden = runner.model_config.hidden_size
+    empty = torch.empty(0, dtype=torch.int64)
+    before = [t.clone() for t in pool.get_kv_buffer(0)]
+    for bad in (slots, -1):
+        with pytest.raises(RuntimeError, match=f"out_loc {bad} outside the pool of {slots}"):
+            stack.forward(torch.zeros(1, hidden), torch.zeros(1, dtype=torch.int64), torch.tensor([bad]),
+                          torch.ones(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64), 1, empty, empty)
+    assert all(torch.equal(a, b) for a, b in zip(before, pool.get_kv_buffer(0)))
+
+
 def test_gemma3_binds_both_rope_bases(stacked) -> None:
     """Gemma 3's local and global layers rotate with different bases: the stack runs it (no fallback), and
     the equality above holds only if each layer got its own caches."""

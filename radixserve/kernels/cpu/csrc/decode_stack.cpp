@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -122,7 +123,7 @@ class DecodeStack : public torch::CustomClassHolder {
     L.down = qmat_from_tensors(kinds[3], H_, I_, t[14], t[15], t[16], "DecodeStack down_proj");
     L.gate_up_bytes = tensors_bytes(t[11], t[12], t[13]), L.down_bytes = tensors_bytes(t[14], t[15], t[16]);
     set_arithmetic(L, arith, window, softcap, activation);
-    layers_.push_back(std::move(L));
+    push_layer(std::move(L));
   }
 
   // A MoE layer: t and kinds as add_layer's for qkv and o (t[11..16] and kinds[2..3], the dense MLP's, are not
@@ -146,7 +147,7 @@ class DecodeStack : public torch::CustomClassHolder {
     L.router = moe[0], L.w13_data = moe[1], L.w13_d = moe[2], L.w13_m = moe[3];
     L.w2_data = moe[4], L.w2_d = moe[5], L.w2_m = moe[6];
     L.top_k = ints[0], L.renormalize = ints[1] != 0, L.kind13 = ints[2], L.kind2 = ints[3], L.moe_inter = ints[4];
-    layers_.push_back(std::move(L));
+    push_layer(std::move(L));
     max_experts_ = std::max(max_experts_, E);
   }
 
@@ -255,14 +256,12 @@ class DecodeStack : public torch::CustomClassHolder {
                 "DecodeStack: swa_loc must be int64 [M] and swa_kv_idx shaped like kv_idx");
     const int64_t* loc = out_loc.data_ptr<int64_t>();
     const int64_t* swa_locp = hybrid ? swa_loc.data_ptr<int64_t>() : nullptr;
-    for (const StackLayer& Ly : layers_) {  // each layer's writes land inside its own buffers
-      const bool local = hybrid && Ly.window > 0;
-      const int64_t* lp = local ? swa_locp : loc;
-      const int64_t slots = Ly.k_buf.size(0);
-      for (int64_t i = 0; i < M; ++i) {
-        TORCH_CHECK(lp[i] >= 0 && lp[i] < slots, "DecodeStack: ", local ? "swa_loc " : "out_loc ", lp[i],
-                    " outside the pool of ", slots);
-      }
+    // each layer's writes land inside its own buffers: every slot under the fewest any such layer has
+    for (int64_t i = 0; i < M; ++i) {
+      TORCH_CHECK(loc[i] >= 0 && loc[i] < (hybrid ? global_slots_ : all_slots_), "DecodeStack: out_loc ", loc[i],
+                  " outside the pool of ", hybrid ? global_slots_ : all_slots_);
+      TORCH_CHECK(!hybrid || window_slots_ == INT64_MAX || (swa_locp[i] >= 0 && swa_locp[i] < window_slots_),
+                  "DecodeStack: swa_loc ", hybrid ? swa_locp[i] : 0, " outside the pool of ", window_slots_);
     }
     const auto f32 = x_in.options();
     const int64_t qkv_n = (Hq_ + 2 * Hkv_) * D_;
@@ -517,6 +516,16 @@ class DecodeStack : public torch::CustomClassHolder {
   double eps_, scale_;
   at::Tensor final_norm_;
   std::vector<StackLayer> layers_;
+  // the fewest KV slots of any layer, of the global layers and of the windowed ones (INT64_MAX: none): a step's
+  // slots are checked against these, not layer by layer (30 cold StackLayers a step, ~30 us on a Zen 3)
+  int64_t all_slots_ = INT64_MAX, global_slots_ = INT64_MAX, window_slots_ = INT64_MAX;
+  void push_layer(StackLayer L) {
+    const int64_t slots = L.k_buf.size(0);
+    all_slots_ = std::min(all_slots_, slots);
+    int64_t& kind = L.window > 0 ? window_slots_ : global_slots_;
+    kind = std::min(kind, slots);
+    layers_.push_back(std::move(L));
+  }
   std::vector<std::array<LoraProj, 4>> lora_;  // set_lora's adapters (empty: none bound)
   Q8ActRows act_q_;
   int64_t buf_rows_ = -1;
