@@ -3,7 +3,7 @@
 A scheduler or server process that has stopped cleanly (its disk tier closed, its children stopped, its last
 line printed) has nothing left for Python to tear down that the kernel does not reclaim by itself: freeing
 torch's modules, the model's tensors and the mapped weights took ~0.4 s of each process's exit on a 2-vCPU
-Zen 3, so a server stopped ~0.9 s after SIGTERM where it now stops in ~0.2 s. Only a process's own entry
+Zen 3, so a server stopped ~1.1 s after SIGTERM where it now stops in ~0.3 s. Only a process's own entry
 point calls this, never a library function: an Engine in a user's interpreter exits as that interpreter does.
 """
 

@@ -239,7 +239,7 @@ class Sampler(CpuKernelLayer):
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """torch.argmax(logits, -1), the greedy rows' tokens; through the C++ kernel (the same index: the first
-        maximum, the first NaN) for float32 rows on CPU, ~5x faster than torch's over a 49,152 vocabulary."""
+        maximum, the first NaN) for float32 rows on CPU, ~8x faster than torch's over a 49,152 vocabulary."""
         ops = self.cpu_ops
         if (ops is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
                 and logits.shape[1] > 0 and logits.stride(1) == 1):
