@@ -35,12 +35,24 @@ def _running(api: httpx.Client) -> int:
     return api.get("/get_server_info").json()["num_running_reqs"]
 
 
+# Set before a request: a MutationObserver notes whether any DOM state of the page had an answer streaming with text
+# in it. It sees every state the page passes through; polling for a selector can miss a 32-token answer that
+# streams in ~0.2 s, between two looks.
+WATCH_STREAMING_TEXT = """() => {
+  window.sawStreamingText = false;
+  new MutationObserver(() => {
+    if (document.querySelector('.msg-assistant[data-state=streaming] .content:not(:empty)')) window.sawStreamingText = true;
+  }).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
 def test_chat_streams_an_answer_with_its_usage(page: Any) -> None:
     _settings(page, temperature=0, max_tokens=32)
+    page.evaluate(WATCH_STREAMING_TEXT)
     answer = _ask(page, "What is a radix tree? Explain briefly.")
-    # text appears while the answer is still streaming ...
-    page.wait_for_selector(".msg-assistant[data-state=streaming] .content:not(:empty)")
     page.wait_for_selector(".msg-assistant[data-state=done] .usage")
+    # text appeared while the answer was still streaming ...
+    assert page.evaluate("window.sawStreamingText")
     # ... in several pieces, and the usage line is filled in from the server's usage chunk
     assert int(answer.get_attribute("data-chunks")) >= 2
     assert answer.locator(".content").inner_text().strip()
