@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixserve.model_executor.forward_batch_info import ForwardMode
+from radixserve.model_executor.forward_mode import ForwardMode
 
 if TYPE_CHECKING:
     from radixserve.managers.queue_state import QueueState

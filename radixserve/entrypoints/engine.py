@@ -24,7 +24,7 @@ from radixserve.entrypoints.replicas import Replicas, start_replicas
 from radixserve.managers.embedding_request import check_options, embedding_input, encode_vector
 from radixserve.managers.io_struct import GenerateReqInput, ShutdownReq, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager
-from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout
+from radixserve.mem_cache.hicache_stop import scheduler_stop_timeout
 from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs
 

@@ -59,7 +59,7 @@ from radixserve.exceptions import SchedulerDied
 from radixserve.lora.lora_routes import add_lora_routes
 from radixserve.managers.io_struct import ShutdownReq
 from radixserve.managers.tokenizer_manager import TokenizerManager
-from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout
+from radixserve.mem_cache.hicache_stop import scheduler_stop_timeout
 from radixserve.metrics import ServerMetrics
 from radixserve.server_args import ServerArgs
 

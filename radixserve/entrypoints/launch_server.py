@@ -1,7 +1,7 @@
 """`radixserve serve`: start the scheduler process(es) first, then the HTTP server (http_server.py).
 
     bind the port (fail fast) -> spawn the scheduler process(es) -> import the HTTP server's modules
-    (FastAPI, the routes, torch: ~2 s) while they load the model -> load the tokenizer while they finish
+    (FastAPI, the routes: ~1 s; never torch) while they load the model -> load the tokenizer while they finish
     -> uvicorn until SIGTERM / Ctrl-C (http_server.py's docstring has the rest)
 
 This module imports nothing heavy at the top: the scheduler's own start (torch, the weights) overlaps this
@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from radixserve.entrypoints.replicas import start_replicas
+from radixserve.mem_cache.hicache_stop import scheduler_stop_timeout
 from radixserve.model_loader import get_tokenizer
 from radixserve.server_args import ServerArgs
 
@@ -123,7 +124,6 @@ def launch_server(server_args: ServerArgs) -> None:
     finally:
         if handle is not None:
             from radixserve.entrypoints.http_server import SCHEDULER_STOP_TIMEOUT_S  # lazy: as above
-            from radixserve.mem_cache.hiradix_cache import scheduler_stop_timeout  # lazy: it imports torch
 
             handle.stop(scheduler_stop_timeout(server_args, SCHEDULER_STOP_TIMEOUT_S))
         sock.close()

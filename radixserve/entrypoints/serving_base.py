@@ -13,7 +13,7 @@ from typing import Any
 
 from radixserve.entrypoints.openai_protocol import PromptTokensDetails, UsageInfo
 from radixserve.entrypoints.openai_serving import OPENAI_RENAMES, APIError, RequestGroup
-from radixserve.lora.lora_manager import LoRANotFound
+from radixserve.lora.lora_config import LoRANotFound
 from radixserve.lora.lora_registry import front_registry
 from radixserve.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
 from radixserve.managers.tokenizer_manager import TokenizerManager

@@ -47,11 +47,3 @@ def finalize(acc: torch.Tensor, num_tokens: int, pooling: str, normalize: bool =
     classifier's logits (models/base.py CausalLM.score), returned as they are."""
     vec = acc / num_tokens if pooling == "mean" else acc
     return (torch.nn.functional.normalize(vec, dim=0) if normalize else vec).tolist()
-
-
-def truncate(vec: list[float], dimensions: int | None) -> list[float]:
-    """Matryoshka: the first `dimensions` components, renormalised (None = the whole vector)."""
-    if dimensions is None or dimensions == len(vec):
-        return vec
-    head = torch.tensor(vec[:dimensions], dtype=torch.float64)
-    return torch.nn.functional.normalize(head, dim=0).tolist()

@@ -122,3 +122,15 @@ def parse_lora_paths(entries: tuple[str, ...] | list[str] | None) -> dict[str, s
             raise ValueError(f"LoRA adapter name {name!r} is given twice")
         out[name] = path
     return out
+
+
+class LoRANotFound(KeyError):
+    """A request or call named an adapter that is not loaded (HTTP 404). Here, not in lora_manager.py: the
+    HTTP process raises it and never imports torch."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"LoRA adapter {self.name!r} is not loaded"

@@ -25,21 +25,10 @@ from torch import nn
 
 from radixserve.lora.lora_adapter import LoRAAdapter, load_adapter, read_lora_config
 from radixserve.lora.lora_batch import LoRABatch, install_lora_hooks, torch_lora_apply
-from radixserve.lora.lora_config import LoRAConfig, check_adapter_name
+from radixserve.lora.lora_config import LoRAConfig, LoRANotFound, check_adapter_name
 from radixserve.lora.lora_dense import DenseCache
 
 logger = logging.getLogger(__name__)
-
-
-class LoRANotFound(KeyError):
-    """A request or call named an adapter that is not loaded (HTTP 404)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-    def __str__(self) -> str:
-        return f"LoRA adapter {self.name!r} is not loaded"
 
 
 @dataclass

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.lora.lora_config import parse_lora_paths
-from radixserve.lora.lora_manager import LoRANotFound
+from radixserve.lora.lora_config import LoRANotFound, parse_lora_paths
 
 
 class LoRARegistry:

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from radixserve.layers.pooler import truncate
 from radixserve.managers.io_struct import GenerateReqInput
 
 ENCODING_FORMATS = ("float", "base64")
@@ -53,6 +52,15 @@ def embedding_input(value: Any, rid: str | None = None, timeout: float | None = 
     if all(isinstance(x, list) for x in value):
         return _req(input_ids=[list(x) for x in value], rid=rid, timeout=timeout)
     raise ValueError("input: a list must hold only strings, only token ids, or only lists of token ids")
+
+
+def truncate(vec: list[float], dimensions: int | None) -> list[float]:
+    """Matryoshka: the first `dimensions` components, renormalised (None = the whole vector). numpy, not torch:
+    this runs in the HTTP process, which never imports torch (docs/architecture.md)."""
+    if dimensions is None or dimensions == len(vec):
+        return vec
+    head = np.asarray(vec[:dimensions], dtype=np.float64)
+    return (head / max(float(np.linalg.norm(head)), 1e-12)).tolist()  # torch's normalize: eps 1e-12
 
 
 def _req(**kw: Any) -> GenerateReqInput:

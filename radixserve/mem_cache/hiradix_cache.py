@@ -28,6 +28,7 @@ import torch
 from radixserve.mem_cache.base_prefix_cache import BasePrefixCache, MatchResult
 from radixserve.mem_cache.cache_namespace import NAMESPACE_SHIFT
 from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.hicache_stop import SHUTDOWN_SAVE_S
 from radixserve.mem_cache.hicache_storage import (
     BlockShape,
     HiCacheFile,
@@ -46,13 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WRITE_THROUGH_HITS = 2  # admissions reusing a node before it is written to disk (SGLang's selective threshold)
-SHUTDOWN_SAVE_S = 10.0  # the most a stopping scheduler spends saving unsaved nodes (the launcher waits this long)
 BLOCK_TOKENS = 64  # positions per file; rounded up to whole pages
-
-
-def scheduler_stop_timeout(args: Any, base: float) -> float:
-    """How long a stopping server waits for its scheduler: longer with a disk tier, which saves on the way out."""
-    return base + (SHUTDOWN_SAVE_S + 5.0 if args.enable_hierarchical_cache else 0.0)
 
 
 def block_tokens_for(page_size: int) -> int:

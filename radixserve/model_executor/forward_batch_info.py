@@ -1,4 +1,5 @@
-"""ForwardMode, ModelWorkerBatch and ForwardBatch: the execution side of the batch pipeline.
+"""ModelWorkerBatch and ForwardBatch (and ForwardMode, from forward_mode.py): the execution side of the batch
+pipeline.
 
     ScheduleBatch (CPU, scheduler)        who runs this step and why: Reqs, queues, prefix matches
         | get_model_worker_batch()
@@ -24,12 +25,12 @@ DECODE is the case extend_len == 1, prefix_len == seq_len - 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum, auto
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixserve.layers.kernel_mode import EXACT, KernelMode
+from radixserve.model_executor.forward_mode import CaptureHiddenMode, ForwardMode
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 if TYPE_CHECKING:
@@ -47,37 +48,6 @@ class PPProxyTensors:
 
     hidden_states: torch.Tensor  # [n_tokens, hidden]
     residual: torch.Tensor  # [n_tokens, hidden]
-
-
-class ForwardMode(IntEnum):
-    PREFILL = auto()  # whole prompt, no cached prefix: attention over the new tokens only
-    EXTEND = auto()  # new tokens after a cached prefix (radix hit or previous chunk)
-    DECODE = auto()  # one token per request against the whole history
-    MIXED = auto()  # EXTEND requests and DECODE requests in one forward
-    TARGET_VERIFY = auto()  # k draft tokens + 1 per request, causal among themselves, against history
-    IDLE = auto()  # no work, but this rank must still join collectives
-
-    def is_extend(self) -> bool:
-        """Any mode whose requests may carry more than one query token (the EXTEND family)."""
-        return self in (ForwardMode.PREFILL, ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
-
-    def is_decode(self) -> bool:
-        return self == ForwardMode.DECODE
-
-    def is_mixed(self) -> bool:
-        return self == ForwardMode.MIXED
-
-    def is_target_verify(self) -> bool:
-        return self == ForwardMode.TARGET_VERIFY
-
-    def is_idle(self) -> bool:
-        return self == ForwardMode.IDLE
-
-
-class CaptureHiddenMode(IntEnum):
-    NULL = 0
-    LAST = 1  # hidden state of the last token of each request
-    FULL = 2  # hidden state of every token
 
 
 @dataclass

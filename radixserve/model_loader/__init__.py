@@ -54,7 +54,7 @@ def model_kind(model_path: str) -> Literal["gguf", "hf"]:
 def get_model_config(model_path: str, context_length: int | None = None) -> ModelConfig:
     """The model's ModelConfig; `context_length` overrides the trained maximum context length."""
     if model_kind(model_path) == "gguf":
-        from radixserve.model_loader.gguf import get_gguf_config  # lazy: torch + this format's reader
+        from radixserve.model_loader.gguf_config import get_gguf_config  # lazy: this format's reader
 
         return get_gguf_config(model_path, context_length)
     from radixserve.model_loader.hf import get_hf_config  # lazy: torch + this format's reader
@@ -90,10 +90,10 @@ def get_tokenizer(model_path: str, tokenizer_path: str | None = None,
     """
     path = tokenizer_path or model_path
     if model_kind(path) == "gguf":
-        from radixserve.model_loader.gguf import get_gguf_tokenizer  # lazy: torch + this format's reader
+        from radixserve.model_loader.gguf_tokenizer import get_gguf_tokenizer  # lazy: this format's reader
 
         return with_chat_template(get_gguf_tokenizer(path), chat_template)
-    from radixserve.model_loader.hf import get_hf_tokenizer  # lazy: torch + this format's reader
+    from radixserve.model_loader.hf import get_hf_tokenizer  # lazy: this format's reader
 
     return with_chat_template(get_hf_tokenizer(path), chat_template)
 

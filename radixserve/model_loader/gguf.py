@@ -1,48 +1,18 @@
-"""Load a model from a single GGUF file: config, float32 weights under HF names, and tokenizer."""
+"""Load a model's weights from a single GGUF file (float32 under HF names, or its blocks: GGUFBlocks). Its config
+is gguf_config.py's and its tokenizer gguf_tokenizer.py's, which import no torch."""
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from radixserve.layers.quantization.gguf_formats import EXACT_TYPES
-from radixserve.model_loader import gguf_cache
+from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, SUPPORTED_TENSOR_TYPES
 from radixserve.model_loader.gguf_config import gguf_hf_config, gguf_record
-from radixserve.model_loader.gguf_file import (
-    SUPPORTED_TENSOR_TYPES,
-    GGUFFile,
-    open_gguf,
-    unsupported_type_message,
-)
+from radixserve.model_loader.gguf_file import GGUFFile, open_gguf, unsupported_type_message
 from radixserve.model_loader.gguf_moe import required_stems
 from radixserve.model_loader.gguf_names import hf_parameter_name, permuted_head_count, unpermute_rows
-from radixserve.model_loader.gguf_tokenizer import build_gguf_tokenizer
-from radixserve.model_loader.gguf_vocab import read_gguf_vocab
-from radixserve.model_loader.model_config import ModelConfig
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
-
-def get_gguf_config(path: str, context_length: int | None = None) -> ModelConfig:
-    """The ModelConfig of a GGUF model; `context_length` overrides its trained context length.
-
-    The HF-style dict is cached on disk (not the ModelConfig) so the override is applied and
-    validated by the same code whether or not the cache hit.
-    """
-    entry = gguf_cache.cache_entry(path)
-    cfg = gguf_cache.load_config(entry) if entry else None
-    if cfg is None:
-        cfg = gguf_hf_config(open_gguf(path))
-        ModelConfig.from_hf_config(cfg)  # validate before caching: a bad file must keep failing
-        if entry:
-            gguf_cache.save_config(entry, cfg)
-    return ModelConfig.from_hf_config(cfg, context_length)
 
 
 def iterate_gguf_weights(path: str, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -100,35 +70,6 @@ def _stream(f: GGUFFile, plan: list[tuple[str, str, int | None]], norm_offset: f
         if norm_offset and gguf_name.endswith("norm.weight"):
             weight -= norm_offset  # the file stores (offset + w); HF names carry w
         yield hf_name, weight
-
-
-def get_gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """A fast tokenizer built from the GGUF's vocabulary metadata, with the file's chat template.
-
-    Cached per file, in memory and on disk: recovering a SentencePiece vocabulary's merges takes seconds.
-    """
-    real = os.path.realpath(path)
-    stat = os.stat(real)
-    return _tokenizer_cached(real, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer_cached(path: str, mtime_ns: int, size: int) -> PreTrainedTokenizerBase:
-    entry = gguf_cache.cache_entry(path, size, mtime_ns)
-    tokenizer = gguf_cache.load_tokenizer(entry) if entry else None
-    if tokenizer is None:
-        tokenizer = _build_tokenizer(path)
-        if entry:
-            gguf_cache.save_tokenizer(entry, tokenizer)
-    return tokenizer
-
-
-def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """Built from the file's own `tokenizer.ggml.*` metadata (any architecture; see gguf_tokenizer)."""
-
-    tokenizer = build_gguf_tokenizer(read_gguf_vocab(open_gguf(path)))
-    tokenizer.name_or_path = os.path.dirname(path)  # what a cached copy reports too
-    return tokenizer
 
 
 class GGUFBlocks:

@@ -1,13 +1,16 @@
-"""Translate GGUF metadata into an HF-style config dict (then ModelConfig.from_hf_config does the rest)."""
+"""Translate GGUF metadata into an HF-style config dict (then ModelConfig.from_hf_config does the rest), and the
+ModelConfig of a GGUF file, cached on disk. No torch here: the HTTP process reads configs (docs/architecture.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from radixserve.model_loader import gguf_cache
 from radixserve.model_loader.gguf_arch import GGUF_ARCHITECTURES, GGUFArchitecture
-from radixserve.model_loader.gguf_file import GGUFFile
+from radixserve.model_loader.gguf_file import GGUFFile, open_gguf
 from radixserve.model_loader.gguf_moe import check_expert_tensors
 from radixserve.model_loader.gguf_rope import gguf_rope_scaling
+from radixserve.model_loader.model_config import ModelConfig
 
 # Token ids llama.cpp treats as end-of-generation, besides plain EOS (end-of-turn, end-of-message).
 _EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -40,7 +43,7 @@ def gguf_hf_config(f: GGUFFile) -> dict[str, Any]:
         if isinstance(value, list) and key != "rope.dimension_sections":  # M-RoPE's sections are a list by design
             # Per-layer arrays (e.g. varying head counts) describe models we do not serve.
             # ValueError, not TypeError: the loader's contract is ValueError for any unusable model file.
-            raise ValueError(f"GGUF file {f.path}: per-layer {arch}.{key} is not supported")  # noqa: TRY004
+            raise ValueError(f"GGUF file {f.path}: per-layer {arch}.{key} is not supported")
         return value
 
     def required(key: str) -> Any:
@@ -92,3 +95,19 @@ def _vocab_size(f: GGUFFile, arch: str) -> int:
     if not size:
         raise ValueError(f"GGUF file {f.path} has neither token_embd.weight nor a vocabulary size")
     return int(size)
+
+
+def get_gguf_config(path: str, context_length: int | None = None) -> ModelConfig:
+    """The ModelConfig of a GGUF model; `context_length` overrides its trained context length.
+
+    The HF-style dict is cached on disk (not the ModelConfig) so the override is applied and
+    validated by the same code whether or not the cache hit.
+    """
+    entry = gguf_cache.cache_entry(path)
+    cfg = gguf_cache.load_config(entry) if entry else None
+    if cfg is None:
+        cfg = gguf_hf_config(open_gguf(path))
+        ModelConfig.from_hf_config(cfg)  # validate before caching: a bad file must keep failing
+        if entry:
+            gguf_cache.save_config(entry, cfg)
+    return ModelConfig.from_hf_config(cfg, context_length)

@@ -18,9 +18,6 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-# the tensor types we load (each dequantised through gguf.quants for the float weights): the registry's
-from radixserve.layers.quantization.gguf_formats import SUPPORTED_TENSOR_TYPES
-
 _MISSING = object()
 _LIGHT_ARRAY_MIN = 256  # arrays longer than this are skipped unread by a light parse (open_gguf(light=True))
 
@@ -69,6 +66,9 @@ class GGUFFile:
 
     def dequantize(self, name: str) -> np.ndarray:
         """Tensor `name` as a fresh, writable float32 array in PyTorch order ([out, in] for matrices)."""
+        # the registry builds torch tensors; the HTTP process parses GGUF metadata only
+        from radixserve.layers.quantization.gguf_formats import SUPPORTED_TENSOR_TYPES  # lazy: torch
+
         tensor = self.tensors[name]
         if tensor.tensor_type not in SUPPORTED_TENSOR_TYPES:
             raise ValueError(unsupported_type_message(self.path, name, tensor.tensor_type))
@@ -81,6 +81,8 @@ class GGUFFile:
 
 def unsupported_type_message(path: str, name: str, qtype: QType | int) -> str:
     """The error text for a tensor whose ggml type we do not dequantise."""
+    from radixserve.layers.quantization.gguf_formats import SUPPORTED_TENSOR_TYPES  # lazy: as in dequantize
+
     type_name = qtype.name if isinstance(qtype, QType) else f"type id {int(qtype)}"
     supported = ", ".join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))
     return f"GGUF tensor {name!r} in {path} has unsupported type {type_name} (supported: {supported})"

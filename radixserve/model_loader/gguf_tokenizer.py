@@ -19,16 +19,19 @@ that family is followed (`_FILE_ORDER_MERGES`), so both tokenize alike.
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING
 
 from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
+from radixserve.model_loader import gguf_cache
+from radixserve.model_loader.gguf_file import open_gguf
 from radixserve.model_loader.gguf_pretokenizers import byte_level_pre_tokenizer, byte_level_split
-from radixserve.model_loader.gguf_vocab import MODEL_KEY, PRE_KEY, SPECIAL_ID_KEYS, GGUFVocab
+from radixserve.model_loader.gguf_vocab import MODEL_KEY, PRE_KEY, SPECIAL_ID_KEYS, GGUFVocab, read_gguf_vocab
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 _SPIECE_SPACE = "\u2581"  # how SentencePiece spells a space inside its pieces
 
@@ -150,4 +153,33 @@ def _wrap(backend: Tokenizer, vocab: GGUFVocab, add_bos: bool) -> PreTrainedToke
     )
     if vocab.chat_template:
         tokenizer.chat_template = vocab.chat_template
+    return tokenizer
+
+
+def get_gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """A fast tokenizer built from the GGUF's vocabulary metadata, with the file's chat template.
+
+    Cached per file, in memory and on disk: recovering a SentencePiece vocabulary's merges takes seconds.
+    """
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    return _tokenizer_cached(real, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_cached(path: str, mtime_ns: int, size: int) -> PreTrainedTokenizerBase:
+    entry = gguf_cache.cache_entry(path, size, mtime_ns)
+    tokenizer = gguf_cache.load_tokenizer(entry) if entry else None
+    if tokenizer is None:
+        tokenizer = _build_tokenizer(path)
+        if entry:
+            gguf_cache.save_tokenizer(entry, tokenizer)
+    return tokenizer
+
+
+def _build_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """Built from the file's own `tokenizer.ggml.*` metadata (any architecture; see gguf_tokenizer)."""
+
+    tokenizer = build_gguf_tokenizer(read_gguf_vocab(open_gguf(path)))
+    tokenizer.name_or_path = os.path.dirname(path)  # what a cached copy reports too
     return tokenizer

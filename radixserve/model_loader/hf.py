@@ -8,12 +8,12 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import safe_open
 
 from radixserve.model_loader.model_config import ModelConfig, merge_token_ids
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only where weights are read: the HTTP process reads configs and never imports it
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 SINGLE_FILE = "model.safetensors"
@@ -141,7 +141,7 @@ def _stream(
                     raise ValueError(
                         f"tensor {name!r} in {path} has dtype {tensor.dtype}, which we cannot load"
                     )
-                yield name, tensor.to(torch.float32).contiguous()
+                yield name, tensor.float().contiguous()
 
 
 def get_hf_tokenizer(folder: str) -> PreTrainedTokenizerBase:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from radixserve.model_loader.gguf_file import GGUFFile, open_gguf
 from radixserve.model_loader.model_config import ModelConfig
+
+if TYPE_CHECKING:  # the HTTP process reads the mmproj's config; only the scheduler reads its weights
+    import torch
 
 # clip.projector_type -> the architecture whose vision modules it fills
 PROJECTORS = {"idefics3": "Idefics3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration",
@@ -186,6 +187,8 @@ _QWEN_NAMES = {"v.post_ln.weight": "visual.merger.ln_q.weight", "mm.0.weight": "
 def _qwen25vl_weights(f: GGUFFile, path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The converter's split tensors joined back: the patch embedding's two frames (one Conv3d), each block's q, k
     and v (one qkv projection)."""
+    import torch  # lazy: the scheduler's weight load only (see the top)
+
     def read(name: str) -> torch.Tensor:
         return torch.from_numpy(f.dequantize(name).copy()).float()
 
@@ -214,6 +217,8 @@ def _qwen25vl_weights(f: GGUFFile, path: str) -> Iterator[tuple[str, torch.Tenso
 def iterate_mmproj_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(our name, float32 tensor) for every tensor of the mmproj file; an unknown name is an error before any
     tensor is read."""
+    import torch  # lazy: the scheduler's weight load only (see the top)
+
     f = _open(path)
     kind = f.get("clip.projector_type")
     if kind == "qwen2.5vl_merger":

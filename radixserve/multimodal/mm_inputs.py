@@ -20,9 +20,10 @@ prompt logprob reads), `to_vocab` maps pads back to the model's image token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the HTTP process builds these and never imports torch; the tensors come from a processor
+    import torch
 
 PAD_SPACE = 1 << 30  # pad values: [vocab_size, vocab_size + PAD_SPACE)
 

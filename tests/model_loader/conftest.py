@@ -230,11 +230,11 @@ def load_gguf_tokenizer() -> Callable[[str], Any]:
     many small files do not evict the session's default-model tokenizer from it."""
     import os
 
-    from radixserve.model_loader import gguf as gguf_loader
+    from radixserve.model_loader import gguf_tokenizer
 
     def load(path: str) -> Any:
         real = os.path.realpath(path)
         stat = os.stat(real)  # an unreadable path fails in open_gguf below, like get_tokenizer
-        return gguf_loader._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size)
+        return gguf_tokenizer._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size)
 
     return load

@@ -20,7 +20,14 @@ import pytest
 import safetensors.torch
 import torch
 
-from radixserve.model_loader import get_model_config, get_tokenizer, gguf_cache, iterate_weights
+from radixserve.model_loader import (
+    get_model_config,
+    get_tokenizer,
+    gguf_cache,
+    gguf_config,
+    gguf_tokenizer,
+    iterate_weights,
+)
 from radixserve.model_loader import gguf as gguf_loader
 
 QT = gguf.GGMLQuantizationType
@@ -35,8 +42,9 @@ def _forbid_gguf_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("the GGUF was parsed although the cache should have answered")
 
-    monkeypatch.setattr(gguf_loader, "open_gguf", boom)
-    monkeypatch.setattr(gguf_loader, "_build_tokenizer", boom)
+    for module in (gguf_config, gguf_tokenizer):
+        monkeypatch.setattr(module, "open_gguf", boom)
+    monkeypatch.setattr(gguf_tokenizer, "_build_tokenizer", boom)
 
 
 def _entry(path: Path | str) -> gguf_cache.CacheEntry:
@@ -80,12 +88,12 @@ _TEXTS = ["abcd", "abcd abc dcba", "Hello, world!", "<s>hi</s> x"]
 def _get_tokenizer(path: str):
     """get_tokenizer without its per-process lru cache (4 files): these tests load many small files, which would
     evict the session's default-model tokenizer that other tests expect to get back as the same object."""
-    from radixserve.model_loader import gguf as gguf_loader
+    from radixserve.model_loader import gguf_tokenizer
     from radixserve.model_loader.chat_template import with_chat_template
 
     real = os.path.realpath(path)
     stat = os.stat(real)
-    return with_chat_template(gguf_loader._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size), None)
+    return with_chat_template(gguf_tokenizer._tokenizer_cached.__wrapped__(real, stat.st_mtime_ns, stat.st_size), None)
 
 def _tiny_with_vocab(tiny_gguf, monkeypatch: pytest.MonkeyPatch, **fields) -> object:
     """A tiny model whose file also holds a tokenizer (`_VOCAB`): the fixture writes every metadata value that
@@ -223,7 +231,8 @@ def _count_gguf_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(path)
         return real_open(path, **kwargs)
 
-    monkeypatch.setattr(gguf_loader, "open_gguf", spy)
+    for module in (gguf_loader, gguf_config, gguf_tokenizer):  # weights, config, tokenizer: each parses the file
+        monkeypatch.setattr(module, "open_gguf", spy)
     return calls
 
 

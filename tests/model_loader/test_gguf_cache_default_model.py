@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from radixserve.model_loader import get_model_config, gguf_cache, iterate_weights
-from radixserve.model_loader import gguf as gguf_loader
+from radixserve.model_loader import gguf_tokenizer as gguf_loader
 
 pytestmark = pytest.mark.usefixtures("gguf_cache_dir")
 
@@ -78,13 +78,13 @@ def describe_weights(stream):
 
 _WARM_CHILD = r"""
 import dataclasses, json, sys
-import radixserve.model_loader.gguf as g
+import radixserve.model_loader.gguf_config as gc
+import radixserve.model_loader.gguf_tokenizer as gt
 
 def boom(*args, **kwargs):
     raise AssertionError("the warm process parsed the GGUF")
 
-real_open = g.open_gguf
-g.open_gguf = g._build_tokenizer = boom
+gc.open_gguf = gt.open_gguf = gt._build_tokenizer = boom  # the config and the tokenizer come from the cache
 from radixserve.model_loader import get_model_config, get_tokenizer, iterate_weights
 
 exec(sys.argv[2])
@@ -94,7 +94,7 @@ out = {
     "short": get_model_config(path, context_length=1024).context_len,
     "tokenizer": describe_tokenizer(get_tokenizer(path)),
 }
-g.open_gguf = real_open  # weights are never cached: they are always computed from the file
+# the weights are never cached: they are always computed from the file (gguf.py's open_gguf, not patched)
 out["weights"] = describe_weights(iterate_weights(path))
 print(json.dumps(out))
 """

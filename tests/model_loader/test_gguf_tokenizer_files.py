@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixserve.model_loader import get_tokenizer
-from radixserve.model_loader import gguf as gguf_loader
+from radixserve.model_loader import gguf_tokenizer as gguf_loader
 from radixserve.model_loader.default_model import gemma3_270m_path
 from radixserve.model_loader.gguf_file import open_gguf
 

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from PIL import Image
 
 from radixserve.model_loader.hf import read_json
 from radixserve.multimodal.image_loader import image_hash
 from radixserve.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs, pad_value
+
+if TYPE_CHECKING:  # a model's processor makes the tensors (and imports torch); a text model's HTTP process never does
+    import torch
 
 _MASK63 = (1 << 63) - 1
 
