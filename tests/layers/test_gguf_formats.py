@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from radixserve.layers.quantization.gguf_formats import EXACT_TYPES, FORMATS, SUPPORTED_TENSOR_TYPES
-from radixserve.layers.quantization.qweight import KINDS, QuantRows, QuantWeight, join_kinds
+from radixserve.layers.quantization.qweight import KINDS, ExpertQuantWeight, QuantRows, QuantWeight, join_kinds
 
 # byte offsets of each type's float16 scales (ggml's block structs), to keep them finite
 SCALE_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
@@ -316,3 +316,34 @@ def test_the_cpp_repack_leaves_non_finite_scales_and_other_cases_to_python() -> 
     got = plan._pack_exact("layer", layer, [f], [("t", None)], _Blocks({"t": ("Q4_K", bad)}))
     want = QuantWeight.from_rows(f.rows(bad))
     assert torch.equal(got.data, want.data) and torch.equal(got.d, want.d)
+
+
+@pytest.mark.parametrize("qtypes", [["Q4_K", "Q4_K"], ["Q6_K"], ["Q4_K", "Q6_K"], ["Q4_1"], ["Q8_0"]])
+def test_experts_repacked_into_their_slab_stack_without_a_copy(qtypes) -> None:
+    """An MoE projection's experts written by csrc/repack.cpp into the rows of one ExpertSlab: the stack keeps the
+    slab as it is (no second write of every expert's bytes) and holds exactly the bytes of a stack of experts packed
+    one by one."""
+    from radixserve.kernels.cpu import load_cpu_ops
+    from radixserve.layers.quantization import plan
+    from radixserve.layers.quantization.expert_slab import ExpertSlab
+
+    if load_cpu_ops()[0] is None:
+        pytest.skip("no C++ kernels")
+    fmts = [FORMATS[t] for t in qtypes]
+    experts = [[random_blocks(t, 16, 2, 10 * e + i) for i, t in enumerate(qtypes)] for e in range(3)]
+    cuts = [(0, 0, 16, 16)] * len(qtypes)
+    slab = ExpertSlab(3)
+    into = [plan._repack_in_cpp(fmts, raws, cuts, slab.empty_for(e)) for e, raws in enumerate(experts)]
+    alone = [plan._repack_in_cpp(fmts, raws, cuts) for raws in experts]
+    got, want = ExpertQuantWeight.stack(into), ExpertQuantWeight.stack(alone)
+    assert got.data.data_ptr() == slab.tensors[0].data_ptr() and got.d.data_ptr() == slab.tensors[1].data_ptr()
+    for a, b in ((got.data, want.data), (got.d, want.d), (got.m, want.m)):
+        assert (a is None and b is None) or (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+    # experts out of order, or one of another size, are stacked by a copy, with the same bytes
+    swapped = ExpertQuantWeight.stack([into[1], into[0], into[2]])
+    assert swapped.data.data_ptr() != slab.tensors[0].data_ptr()
+    assert torch.equal(swapped.data[0], want.data[1]) and torch.equal(swapped.d[1], want.d[0])
+    other = ExpertSlab(2)
+    first = other.empty_for(0)((4, 4), torch.uint8)
+    second = other.empty_for(1)((5, 4), torch.uint8)  # not the slab's shape: a tensor of its own
+    assert first.data_ptr() == other.tensors[0].data_ptr() and second.shape == (5, 4) and second._base is None

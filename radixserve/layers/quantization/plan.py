@@ -37,6 +37,7 @@ from torch import nn
 from radixserve.kernels.cpu import load_cpu_ops
 from radixserve.layers.linear import PackableLinear
 from radixserve.layers.moe.experts import FusedMoE
+from radixserve.layers.quantization.expert_slab import Empty, ExpertSlab, new_tensor
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.qweight import (
     KIND_NAMES,
@@ -228,12 +229,14 @@ _CPP_REPACK = {"Q4_K": 12, "Q6_K": 14}
 _CPP_LEGACY = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 
 
-def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, int, int, int]]) -> QuantWeight | None:
+def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, int, int, int]],
+                   empty: Empty = new_tensor) -> QuantWeight | None:
     """The common case of a K-quant file (every stacked source Q4_K or Q6_K; whole rows of this rank, in whole
     8-row groups, no padding) packed by csrc/repack.cpp, byte for byte what the general path makes (~20x faster:
     one pass over the mapped blocks instead of ~10 over one byte a weight). A stack of one type keeps its kind; a
     mixed one (Q4_K_M's q/k in Q4_K, v in Q6_K) takes their join, Q8_M16. None: the general path's case (other
-    types, a K cut, a padded vocabulary slice, no C++ kernels, a non-finite scale)."""
+    types, a K cut, a padded vocabulary slice, no C++ kernels, a non-finite scale). `empty` makes the output tensors
+    (an MoE projection's: rows of its ExpertSlab)."""
     names = {f.name for f in fmts}
     if not (names <= set(_CPP_REPACK) or (len(names) == 1 and names <= set(_CPP_LEGACY))):
         return None
@@ -243,7 +246,7 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
     if ops is None:
         return None
     if names <= set(_CPP_LEGACY):
-        return _repack_legacy(ops, fmts[0], views)
+        return _repack_legacy(ops, fmts[0], views, empty)
     mixed = len(names) > 1
     kind = join_kinds([f.kind for f in fmts])
     nj = views[0].shape[1] // fmts[0].block_bytes  # super-blocks a row: one K for every stacked source
@@ -251,9 +254,9 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
     # the whole stack's tensors at once, each source's 8-row groups written in place (no copy to join them)
     block_data = KINDS[kind].block_bytes
     record = 32 + 64 * (QBLOCK // KINDS[kind].group)  # 8 float32 super-scales + int8 subs of 8 rows
-    data = torch.empty(n // QROWS, nj * 8 * block_data, dtype=torch.uint8)
-    d = torch.empty(n // QROWS, nj * record, dtype=torch.uint8)
-    m = torch.empty_like(d) if KINDS[kind].has_min else None
+    data = empty((n // QROWS, nj * 8 * block_data), torch.uint8)
+    d = empty((n // QROWS, nj * record), torch.uint8)
+    m = empty(tuple(d.shape), d.dtype) if KINDS[kind].has_min else None
     g0 = 0
     for f, v in zip(fmts, views):
         g1 = g0 + v.shape[0] // QROWS
@@ -274,14 +277,14 @@ def _repack_in_cpp(fmts: list, views: list[np.ndarray], cuts: list[tuple[int, in
     return QuantWeight(kind, n, nj * fmts[0].block_size, data, d, m)
 
 
-def _repack_legacy(ops: object, f: object, views: list[np.ndarray]) -> QuantWeight | None:
+def _repack_legacy(ops: object, f: object, views: list[np.ndarray], empty: Empty) -> QuantWeight | None:
     """A stack of one legacy type (Q4_0 / Q4_1 / Q8_0) by csrc/repack.cpp, scales float16 as the file's."""
     kind = KINDS[f.kind]  # type: ignore[attr-defined]
     nb = views[0].shape[1] // f.block_bytes  # type: ignore[attr-defined]
     n = sum(v.shape[0] for v in views)
-    data = torch.empty(n // QROWS, nb * kind.block_bytes, dtype=torch.uint8)
-    d = torch.empty(n // QROWS, nb * QROWS, dtype=torch.float16)
-    m = torch.empty_like(d) if kind.has_min else None
+    data = empty((n // QROWS, nb * kind.block_bytes), torch.uint8)
+    d = empty((n // QROWS, nb * QROWS), torch.float16)
+    m = empty(tuple(d.shape), d.dtype) if kind.has_min else None
     g0 = 0
     for v in views:
         g1 = g0 + v.shape[0] // QROWS
@@ -329,13 +332,17 @@ def _plan_experts(name: str, mod: FusedMoE, mode: str, gguf_blocks: BlockSource 
                 src = f"{name}.{part}_proj.weight[{e}]"
                 return mod.shard_rows(part, fmts[i].rows(blocks[i][e], src), src)
 
+            slabs = {0: ExpertSlab(len(local)), 2: ExpertSlab(len(local))}  # gate_up's and down's
+
             def packed(parts: list[int], e: int) -> QuantWeight | QuantRows:
                 """An expert's projection: csrc/repack.cpp's one pass where it applies (every part Q4_K or every
-                one Q6_K, no expert-TP cut), else the converted rows (packed by _set_experts)."""
+                one Q6_K, no expert-TP cut), into its row of the projection's slab; else the converted rows
+                (packed by _set_experts)."""
                 if mod.ps.moe_tp_size == 1:
                     views = [blocks[i][e] for i in parts]
                     whole = [(0, 0, v.shape[0], v.shape[0]) for v in views]
-                    fast = _repack_in_cpp([fmts[i] for i in parts], views, whole)
+                    slab = slabs[parts[0]].empty_for(e - mod.expert_offset)
+                    fast = _repack_in_cpp([fmts[i] for i in parts], views, whole, slab)
                     if fast is not None:
                         return fast
                 rows = [expert_rows(i, e) for i in parts]

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.layers.quantization.expert_slab import stacked
 from radixserve.layers.quantization.scale_factors import ScaleFactors
 
 QBLOCK = 32
@@ -367,10 +368,9 @@ class ExpertQuantWeight:
             if (w.kind, w.n, w.k) != (first.kind, first.n, first.k):
                 raise ValueError(f"experts of one projection differ: {w.name} {w.n}x{w.k} vs "
                                  f"{first.name} {first.n}x{first.k}")
-        m = (torch.stack(_one_dtype([w.m.reshape(-1) for w in weights]))  # type: ignore[union-attr]
-             if first.m is not None else None)
-        return ExpertQuantWeight(first.kind, first.n, first.k, torch.stack([w.data.reshape(-1) for w in weights]),
-                                 torch.stack(_one_dtype([w.d.reshape(-1) for w in weights])), m)
+        m = stacked(_one_dtype([w.m for w in weights])) if first.m is not None else None  # type: ignore[misc]
+        return ExpertQuantWeight(first.kind, first.n, first.k, stacked([w.data for w in weights]),
+                                 stacked(_one_dtype([w.d for w in weights])), m)
 
     @property
     def name(self) -> str:
