@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.layers.pooler import finalize, truncate
+from radixserve.layers.pooler import finalize
 from radixserve.managers.embedding_request import (
     check_options,
     check_server_kind,
     embedding_input,
     encode_vector,
+    truncate,
 )
 
 
