@@ -52,6 +52,7 @@ from radixserve.managers.io_struct import (
     ShutdownReq,
     TokenizedGenerateReqInput,
 )
+from radixserve.model_loader.readahead import start_readahead
 from radixserve.server_args import ServerArgs
 
 PEER_LOST_EXIT_CODE = 3  # a collective failed because a peer went away (see the docstring)
@@ -76,7 +77,6 @@ def seed_sampling(server_args: ServerArgs, dp_rank: int = 0) -> None:
 
 class SchedulerProcess:
     def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, rank: int = 0, dp_rank: int = 0) -> None:
-        import torch
 
         from radixserve.managers.scheduler import Scheduler  # lazy: the model stack loads in the child only
 
@@ -192,6 +192,7 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
     where = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes).describe(rank)
     where += f" of dp rank {dp_rank}" if server_args.dp_size > 1 else ""
     _die_with_parent()
+    start_readahead(server_args.resolved_model_path())  # the disk reads while torch imports (a cold start)
     faulthandler.register(signal.SIGUSR1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
     # 128 + SIGTERM, the shell's convention: the launcher tells "stopped" from "finished" (0, after ShutdownReq)
