@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from radixserve.lora.lora_manager import LoRAManager, LoRANotFound
+from radixserve.lora.lora_config import LoRANotFound
+from radixserve.lora.lora_manager import LoRAManager
 from radixserve.managers.io_struct import LoRAControlReq, RpcOutput
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from radixserve.debug.step_log import MAX_STEPS_PER_SNAPSHOT, StepLog
 from radixserve.debug.trace import BatchTracer
 from radixserve.exceptions import OutOfKVSlots
 from radixserve.layers.moe.expert_load import model_expert_load
-from radixserve.lora.lora_manager import LoRANotFound
+from radixserve.lora.lora_config import LoRANotFound
 from radixserve.lora.lora_scheduling import LoRAScheduling
 from radixserve.managers.embedding_mode import EmbeddingMode
 from radixserve.managers.failure_isolation import FailureIsolation, is_fatal

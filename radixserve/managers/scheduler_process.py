@@ -77,7 +77,6 @@ def seed_sampling(server_args: ServerArgs, dp_rank: int = 0) -> None:
 
 class SchedulerProcess:
     def __init__(self, server_args: ServerArgs, ports: SchedulerPorts, rank: int = 0, dp_rank: int = 0) -> None:
-
         from radixserve.managers.scheduler import Scheduler  # lazy: the model stack loads in the child only
 
         seed_sampling(server_args, dp_rank)

@@ -15,7 +15,7 @@ def manager(lora_runner, tiny_adapters):
 
 
 def test_unload_waits_for_users_then_forgets(manager, tiny_adapters):
-    from radixserve.lora.lora_manager import LoRANotFound
+    from radixserve.lora.lora_config import LoRANotFound
 
     uid = manager.acquire("a")
     manager.pin(uid)

@@ -8,7 +8,8 @@ and one layer's experts held twice while loading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable
 
 import torch
 
@@ -29,7 +30,7 @@ class ExpertSlab:
         """An allocator for expert `index`'s repack: its k-th tensor is row `index` of the slab's k-th. A shape that
         differs from the first expert's (not the case for one projection) gets a tensor of its own: the stack then
         copies, as before."""
-        order: Iterator[int] = iter(range(1 << 30))
+        order = itertools.count()
 
         def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
             k = next(order)
