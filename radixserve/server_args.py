@@ -89,6 +89,9 @@ class ServerArgs:
         "none for Hugging Face folders, GPUs and deterministic mode; int8 / int4 quantise float weights at load "
         "(Q8_0 / Q4_1, 32-blocks). none = float only, the exact mode. CPU only"
     )
+    disable_weight_cache: bool = _knob(
+        False, "repack a GGUF's low-bit weights at every start instead of mapping the packed layers an earlier start "
+        "wrote beside its config in the GGUF cache (model_loader/weight_cache.py; never more bytes than the file)")
     quant_max_rows: int | None = _knob(
         None, "with low-bit weights: steps of at most this many rows run the low-bit copy, longer ones the float "
         "weights. None = auto: every step (the integer kernels are as fast or faster at every size, and the "

@@ -40,6 +40,7 @@ SERVER_EVIDENCE: dict[str, str] = {
     "quantization": "tests/model_executor/test_quantized_model.py",
     "quant_max_rows": "tests/model_executor/test_quantized_model.py",
     "disable_cpu_graph": "tests/model_executor/test_decode_stack_architectures.py",
+    "disable_weight_cache": "tests/model_loader/test_weight_cache.py",
     "enable_deterministic_inference": "tests/model_executor/test_deterministic.py",
     "host": "tests/entrypoints/test_http_hostile.py",
     "port": "tests/entrypoints/test_http_hostile.py",

@@ -6,7 +6,9 @@ in one run on the same file and threads:
   * time to ready (`/health` answers 200) with a cold page cache (the file's pages dropped with
     posix_fadvise DONTNEED) and a warm one, and the peak anonymous memory (RssAnon summed over the server's
     process group, polled every 50 ms: a mapped file's pages are the page cache's and not counted), for
-    `radixserve serve` and `llama-server`;
+    `radixserve serve` and `llama-server`; radixserve's first start (no weight cache: it repacks the file and
+    writes the cache, model_loader/weight_cache.py) is timed on its own, before the cold and warm starts that map
+    the cache (cold: the cache's pages dropped too);
   * prefill 512 and batch-1 decode (bench one-batch through the real ModelRunner; llama-bench pp512 / tg128);
   * the read rate of batch-1 decode: the bytes a token reads in the file's format (every tensor but the
     embedding; of the expert tensors the top-k's share) x tokens/s, against this machine's streaming read
@@ -20,9 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -33,6 +37,7 @@ from radixserve.bench.moe import active_bytes
 from radixserve.bench.roofline import measure_bandwidth
 from radixserve.bench.scale_files import SHAPES, scale_file
 from radixserve.bench.server_process import free_port
+from radixserve.model_loader.gguf_cache import cache_entry, weight_files
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=8192, help="both servers' KV pool / context, in tokens")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--gen-len", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1, help="runs of each speed figure, and warm starts (the median)")
     p.add_argument("--skip", default="", help="parts to leave out: ready, speed")
     p.add_argument("--out", default="out/bench_scale", help="folder for the generated GGUF files (~2-5 GB each)")
     p.add_argument("--json", default=None)
@@ -97,9 +102,11 @@ def _group_anon(pgid: int) -> int:
     return total
 
 
-def time_to_ready(cmd: list[str], base: str, timeout_s: float = 1800.0) -> dict[str, float]:
+def time_to_ready(cmd: list[str], base: str, timeout_s: float = 1800.0,
+                  wait_for: Callable[[], bool] | None = None) -> dict[str, float]:
     """Seconds from launch until `base`/health answers 200, and the peak anonymous bytes of the server's process
-    group until then (and 2 s after: the KV pool and warm-up allocations)."""
+    group until then (and 2 s after: the KV pool and warm-up allocations). `wait_for`: the server is stopped only
+    once it holds (at most `timeout_s`), e.g. when its weight cache is written."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
@@ -120,6 +127,9 @@ def time_to_ready(cmd: list[str], base: str, timeout_s: float = 1800.0) -> dict[
         for _ in range(40):
             peak = max(peak, _group_anon(proc.pid))
             time.sleep(0.05)
+        while wait_for is not None and not wait_for() and time.monotonic() - t0 < timeout_s:
+            peak = max(peak, _group_anon(proc.pid))
+            time.sleep(0.1)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -149,12 +159,24 @@ def measure_shape(a: argparse.Namespace, name: str, bandwidth: float) -> dict[st
     res: dict[str, Any] = {"file": path, "file_gib": os.path.getsize(path) / 2**30}
     res["active_bytes"], res["bytes_by_type"] = active_bytes(path)
     if "ready" not in a.skip:
+        entry = cache_entry(path)
         for eng, (cmd, base) in _servers(a, path).items():
-            drop_page_cache(path)
+            first = None
+            if eng == "radixserve" and entry is not None:
+                # a first start repacks and writes the weight cache; the cold and warm starts after it map that
+                for f in weight_files(entry) + weight_files(entry, ".json"):
+                    os.unlink(f)
+                drop_page_cache(path)
+                first = time_to_ready(cmd, base, wait_for=lambda: len(weight_files(entry, ".json")) >= a.tp_size)
+            for f in [path] + (weight_files(entry) if eng == "radixserve" and entry is not None else []):
+                drop_page_cache(f)
             cold = time_to_ready(cmd, base)
-            warm = time_to_ready(cmd, base)  # the file's pages are cached now
-            res[eng] = {"cold_ready_s": cold["ready_s"], "warm_ready_s": warm["ready_s"],
-                        "peak_anon_gib": max(cold["peak_anon_gib"], warm["peak_anon_gib"])}
+            warm = [time_to_ready(cmd, base) for _ in range(a.repeats)]  # the files' pages are cached now
+            res[eng] = {"cold_ready_s": cold["ready_s"],
+                        "warm_ready_s": statistics.median(w["ready_s"] for w in warm),
+                        "peak_anon_gib": max(r["peak_anon_gib"] for r in [cold, *warm])}
+            if first is not None:
+                res[eng].update(first_ready_s=first["ready_s"], first_peak_anon_gib=first["peak_anon_gib"])
     if "speed" not in a.skip:
         ns = argparse.Namespace(model_path=path, threads=a.threads, prompt_len=a.prompt_len, context_len=128,
                                 repeats=a.repeats, kv_cache_dtype="auto", dtype="auto", long_contexts="")
@@ -182,6 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if not r:
                 continue
             rows.append({"model": name, "file GiB": round(res["file_gib"], 2), "engine": eng,
+                         "ready first s": _r(r.get("first_ready_s")),
                          "ready cold s": _r(r.get("cold_ready_s")), "ready warm s": _r(r.get("warm_ready_s")),
                          "peak anon GiB": _r(r.get("peak_anon_gib"), 2),
                          f"prefill {a.prompt_len} tok/s": _r(r.get("pp")),

@@ -53,6 +53,7 @@ from radixserve.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from radixserve.model_loader.readahead import start_readahead
+from radixserve.model_loader.weight_check import weight_tag
 from radixserve.server_args import ServerArgs
 
 PEER_LOST_EXIT_CODE = 3  # a collective failed because a peer went away (see the docstring)
@@ -191,7 +192,11 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
     where = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes).describe(rank)
     where += f" of dp rank {dp_rank}" if server_args.dp_size > 1 else ""
     _die_with_parent()
-    start_readahead(server_args.resolved_model_path())  # the disk reads while torch imports (a cold start)
+    # the disk reads, and the weight cache's digest is computed, while torch imports
+    layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
+    tag = weight_tag(server_args.quantization, (server_args.tp_size, server_args.pp_size, server_args.ep_size),
+                     (layout.tp_rank(rank), layout.pp_rank(rank)))
+    start_readahead(server_args.resolved_model_path(), not server_args.disable_weight_cache, tag)
     faulthandler.register(signal.SIGUSR1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
     # 128 + SIGTERM, the shell's convention: the launcher tells "stopped" from "finished" (0, after ShutdownReq)
@@ -226,6 +231,16 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
         print(f"radixserve: {where}: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    finally:
+        _stop_cache_writes()
+
+
+def _stop_cache_writes() -> None:
+    """The process leaves by os._exit (process_exit.py): a weight cache write in flight deletes its temporary
+    file first."""
+    from radixserve.model_loader.weight_cache import abort_writes  # lazy: imports torch, loaded by now anyway
+
+    abort_writes()
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ class MemoryBudget:
     available: int  # at start-up, this rank's share
     fraction: float  # mem_fraction_static
     weights: int = 0  # estimate before loading; the measured size once loaded
+    weights_mapped: int = 0  # of `weights`, mapped from the weight cache (page cache, shared; weight_cache.py)
     float_copy: int = 0  # the float weights kept beside the low-bit ones for long steps (0: none)
     activations: int = 0  # the largest step's working set (an estimate)
     kv_pool: int = 0  # what the KV pool got
@@ -107,7 +108,8 @@ class MemoryBudget:
 
     def as_dict(self) -> dict[str, float | int]:
         return {"available_bytes": self.available, "mem_fraction_static": self.fraction, "budget_bytes": self.total,
-                "weights_bytes": self.weights, "float_copy_bytes": self.float_copy,
+                "weights_bytes": self.weights, "weights_mapped_bytes": self.weights_mapped,
+                "float_copy_bytes": self.float_copy,
                 "activations_bytes": self.activations, "kv_pool_bytes": self.kv_pool, "kv_pool_tokens": self.kv_tokens}
 
 

@@ -4,10 +4,10 @@ gguf's reader walks ~98k vocabulary strings (~6 s for the default model) and bui
 its metadata takes ~2 s (~6 s for Gemma 3's 262k pieces), in every process that serves a model.
 So `$RADIXSERVE_CACHE_DIR/gguf/<key>/` (default `~/.cache/radixserve`) keeps `config.json` (the HF-style
 config dict: ModelConfig and any context_length override are rebuilt from it by the uncached code) and
-`tokenizer/` (`save_pretrained` output, chat template included): a few MB, never more than the file.
-Weights are not cached: the low-bit path reads the mapped file's blocks straight into the kernels'
-layout (model_loader/gguf.py: GGUFBlocks), and a float32 copy would be ~7x a Q4 file (CACHE_VERSION 2
-kept one; the sweep deletes what is left of it). The key hashes the file's real path, size and mtime,
+`tokenizer/` (`save_pretrained` output, chat template included): a few MB. Beside them the weight cache
+(model_loader/weight_cache.py) keeps the low-bit layers in the kernels' layout, mapped by the next start instead
+of repacked; the whole entry never holds more than the file. A float32 copy would be ~7x a Q4 file (CACHE_VERSION
+2 kept one; the sweep deletes what is left of it). The key hashes the file's real path, size and mtime,
 CACHE_VERSION and the converting libraries' versions, so a changed file or converter misses. Artefacts
 are written only after the GGUF validated, under a temporary name then renamed into place; anything
 unreadable counts as a miss and is rebuilt. `RADIXSERVE_NO_GGUF_CACHE=1` turns the cache off.
@@ -43,6 +43,7 @@ TOKENIZER_DIR = "tokenizer"
 LEGACY_WEIGHTS_FILE = "weights.safetensors"  # CACHE_VERSION <= 2's float32 weights: swept
 _TOKENIZER_CLASS_FILE = "radixserve_class.json"  # [module, class name] of the saved tokenizer
 SOURCE_FILE = "source.json"  # which GGUF an entry belongs to, for sweeping dead entries
+WEIGHTS_PREFIX = "weights-"  # the packed layers of model_loader/weight_cache.py: weights-<tag>.bin / .json
 _TMP_PREFIX = ".tmp-"  # every temporary name starts with this
 _STALE_TMP_S = 3600.0  # a temporary this old is a crashed writer's, not a live one's
 _CONVERTERS = ("gguf", "transformers", "tokenizers")  # a new version of these may convert differently
@@ -184,6 +185,16 @@ def save_tokenizer(entry: CacheEntry, tokenizer: PreTrainedTokenizerBase) -> Non
     finally:
         if tmp is not None and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def weight_files(entry: CacheEntry, suffix: str = ".bin") -> list[str]:
+    """The weight cache's files in `entry` (model_loader/weight_cache.py writes them; listed here without torch,
+    for the scheduler's readahead and the benchmarks)."""
+    try:
+        names = os.listdir(entry.folder)
+    except OSError:
+        return []
+    return sorted(os.path.join(entry.folder, n) for n in names if n.startswith(WEIGHTS_PREFIX) and n.endswith(suffix))
 
 
 # --- housekeeping ---------------------------------------------------------------------------------

@@ -10,7 +10,9 @@
     5. where long steps run on float GEMMs (bf16 on AMX, ModelRunner.quant_max_rows), their float copy is built
        layer by layer from the file and packed at once, when the memory budget has room for it.
 
-Peak memory while loading is the final resident size plus one layer's working set.
+Peak memory while loading is the final resident size plus one layer's working set. On a later start the packed
+layers are mapped from the weight cache (model_loader/weight_cache.py) instead: step 2 then reads nothing but what
+the cache left out.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from radixserve.layers.linear import PackableLinear, prepare_float_weight
 from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
+from radixserve.layers.quantization.qweight import ExpertQuantWeight, QuantWeight
 from radixserve.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from radixserve.model_executor.memory_budget import gib
 from radixserve.model_loader.gguf import GGUFBlocks, iterate_gguf_weights
+from radixserve.model_loader.weight_cache import WeightCache
 
 if TYPE_CHECKING:
     from radixserve.model_executor.model_runner import ModelRunner
@@ -131,16 +135,20 @@ def _maps_embedding(blocks: GGUFBlocks, mode: str) -> bool:
 
 
 def load_gguf_low_bit(model: nn.Module, path: str, mode: str, keep: Callable[[str], bool] | None,
-                      float_copy: tuple[str, torch.dtype] | None) -> QuantReport:
+                      float_copy: tuple[str, torch.dtype] | None, cache: WeightCache | None = None) -> QuantReport:
     """Load `model` (built with empty parameters) from the GGUF at `path` with low-bit weights in `mode`
     (auto / int8 / int4), as the module docstring says. `keep`: the checkpoint tensors this pipeline stage
-    holds. `float_copy`: (linear backend, GEMM dtype) of the float copies long steps run on, or None."""
+    holds. `float_copy`: (linear backend, GEMM dtype) of the float copies long steps run on, or None. `cache`:
+    the packed layers of an earlier load, mapped instead of repacked (written after this load when it missed)."""
     blocks = GGUFBlocks(path)
     sources = model.checkpoint_sources
     dense = _float_dense(blocks, sources)
-    report = quantize_model(model, mode, sources, dense, blocks if mode == "auto" else None)
+    layers = _layers(model)
+    prepacked = cache.restore(layers) if cache is not None else {}
+    report = quantize_model(model, mode, sources, dense, blocks if mode == "auto" else None, prepacked)
+    report.mapped_bytes = sum(_nbytes(p) for p in prepacked.values())
     served: dict[str, bool] = {}  # checkpoint tensor -> every consumer runs without its float rows so far
-    for name, mod in _layers(model):
+    for name, mod in layers:
         if isinstance(mod, FusedMoE):
             done = mod.has_low_bit()
             if done:
@@ -164,7 +172,13 @@ def load_gguf_low_bit(model: nn.Module, path: str, mode: str, keep: Callable[[st
     if float_copy is not None:
         _make_float_copies(model, dense, *float_copy)
     _return_freed_memory()
+    if cache is not None and not prepacked:  # a miss: the next start maps what this one packed
+        cache.save_async(layers)
     return report
+
+
+def _nbytes(packed: QuantWeight | tuple[ExpertQuantWeight, ExpertQuantWeight]) -> int:
+    return sum(w.nbytes() for w in (packed if isinstance(packed, tuple) else (packed,)))
 
 
 def _return_freed_memory() -> None:
@@ -221,7 +235,13 @@ def load_for_runner(runner: ModelRunner, keep: Callable[[str], bool] | None) -> 
             logger.warning("float copy: no room for %s of %s weights in the memory budget (%s); every step runs on "
                            "the low-bit weights", gib(need), runner.dtype, budget.describe())
             max_rows = None
-    report = load_gguf_low_bit(runner.model, runner.model_path, runner.quantization, keep, float_copy)
-    logger.info("quantization %s: %s (%.0f MB low-bit, from the mapped file)", runner.server_args.quantization,
-                report.summary(), report.bytes / 2**20)
+    cache = None
+    if runner.device.type == "cpu" and not runner.server_args.disable_weight_cache:
+        ps = runner.parallel_state
+        cache = WeightCache.open(runner.model_path, runner.quantization, (ps.tp_size, ps.pp_size, ps.ep_size),
+                                 (ps.tp_rank, ps.pp_rank))
+    report = load_gguf_low_bit(runner.model, runner.model_path, runner.quantization, keep, float_copy, cache)
+    budget.weights_mapped = report.mapped_bytes
+    logger.info("quantization %s: %s (%.0f MB low-bit, %.0f MB of it mapped from the weight cache)",
+                runner.server_args.quantization, report.summary(), report.bytes / 2**20, report.mapped_bytes / 2**20)
     return report, max_rows

@@ -69,6 +69,7 @@ def test_a_run_measures_a_real_server(files, monkeypatch, tmp_path, capsys) -> N
                       "--json", str(tmp_path / "r.json")])
     r = res["results"]["tiny-dense"]["radixserve"]
     assert 0 < r["warm_ready_s"] < 300 and 0 < r["cold_ready_s"] < 300
+    assert 0 < r["first_ready_s"] < 300  # the start that packed the file and wrote the weight cache the others map
     assert 0.05 < r["peak_anon_gib"] < 4  # a real process group was polled: torch alone is ~0.15 GiB
     assert "tiny-dense" in capsys.readouterr().out and (tmp_path / "r.json").exists()
 

@@ -44,3 +44,24 @@ def test_an_unreadable_file_is_a_quiet_no_op(tmp_path) -> None:
     if thread is not None:
         thread.join(10)
         assert not thread.is_alive()
+
+
+def test_the_weight_cache_is_read_instead_of_the_model_where_it_exists(tmp_path, monkeypatch) -> None:
+    """A start that will map the packed layers (model_loader/weight_cache.py) reads little of the model file."""
+    from radixserve.model_loader.gguf_cache import cache_entry
+
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RADIXSERVE_NO_GGUF_CACHE", raising=False)
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"\0" * 4096)
+    assert readahead.files_to_read(str(f)) == [str(f)]
+    entry = cache_entry(str(f))
+    os.makedirs(entry.folder)
+    packed = [entry.file("weights-abc-0-0.bin"), entry.file("weights-abc-1-0.bin")]
+    for p in packed + [entry.file("weights-abc-0-0.json")]:
+        open(p, "wb").close()
+    assert readahead.files_to_read(str(f)) == packed
+    assert readahead.files_to_read(str(f), weight_cache=False) == [str(f)]  # --disable-weight-cache
+    thread = readahead.start_readahead(str(f))
+    assert thread is not None
+    thread.join(10)

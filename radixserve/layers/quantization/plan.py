@@ -65,6 +65,7 @@ class QuantReport:
     requantized_by_type: dict[str, list[str]] = field(default_factory=dict)  # "IQ2_XS" -> layer names
     float_layers: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
+    mapped_bytes: int = 0  # of `bytes`, mapped from the weight cache (model_loader/weight_cache.py)
 
     def summary(self) -> str:
         parts = [f"{n} x {k}" for k, n in sorted(self.counts.items())]
@@ -92,6 +93,7 @@ def quantize_model(
     sources: Callable[[str], list[tuple[str, object]]],
     dense: Dense,
     gguf_blocks: BlockSource | None = None,
+    prepacked: dict[str, QuantWeight | tuple[ExpertQuantWeight, ExpertQuantWeight]] | None = None,
 ) -> QuantReport:
     """Give every PackableLinear of `model` its QuantWeight (or none) for `mode`, layer by layer.
 
@@ -99,6 +101,8 @@ def quantize_model(
     dense: see Dense;
     gguf_blocks: the file's blocks, for `auto` on a GGUF model (None otherwise). Each projection's blocks are
     read from it, converted and packed before the next is read: the working set is one layer's.
+    prepacked: module name -> its packed weights from an earlier load (model_loader/weight_cache.py), taken as
+    they are.
     """
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, got {mode!r}")
@@ -106,18 +110,24 @@ def quantize_model(
     if mode == "none" or (mode == "auto" and gguf_blocks is None):
         return report
     seen: set[int] = set()
+    prepacked = prepacked or {}
     for name, mod in model.named_modules():
+        done = prepacked.get(name)
         if isinstance(mod, FusedMoE):
-            _plan_experts(name, mod, mode, gguf_blocks, dense, report)
+            if isinstance(done, tuple):
+                mod.set_low_bit(*done)
+                _count(report, *done)
+            else:
+                _plan_experts(name, mod, mode, gguf_blocks, dense, report)
             continue
         if not isinstance(mod, PackableLinear) or id(mod) in seen:
             continue
         seen.add(id(mod))
-        qw = _plan_one(name, mod, mode, sources(name), dense, gguf_blocks, report)
+        qw = done if isinstance(done, QuantWeight) else _plan_one(name, mod, mode, sources(name), dense, gguf_blocks,
+                                                                   report)
         mod.qweight = qw
         if qw is not None:
-            report.counts[qw.name] = report.counts.get(qw.name, 0) + 1
-            report.bytes += qw.nbytes()
+            _count(report, qw)
     for types, names in sorted(report.requantized_by_type.items()):  # one line per type, never silent
         logger.info("quantization auto: GGUF %s has no exact kernel layout: %d layers re-quantised (first: %s)",
                     types, len(names), names[0])
@@ -370,6 +380,10 @@ def _set_experts(mod: FusedMoE, gate_up: list[QuantRows | QuantWeight], down: li
     w13 = ExpertQuantWeight.stack([weight(r) for r in gate_up])
     w2 = ExpertQuantWeight.stack([weight(r) for r in down])
     mod.set_low_bit(w13, w2)
-    for w in (w13, w2):
+    _count(report, w13, w2)
+
+
+def _count(report: QuantReport, *weights: QuantWeight | ExpertQuantWeight) -> None:
+    for w in weights:
         report.counts[w.name] = report.counts.get(w.name, 0) + 1
         report.bytes += w.nbytes()
