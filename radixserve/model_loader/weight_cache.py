@@ -47,7 +47,7 @@ from torch import nn
 
 from radixserve.layers.linear import PackableLinear
 from radixserve.layers.moe.experts import FusedMoE
-from radixserve.layers.quantization.qweight import ExpertQuantWeight, QuantWeight
+from radixserve.layers.quantization.qweight import KINDS, QBLOCK, QROWS, ExpertQuantWeight, QuantWeight
 from radixserve.model_loader.gguf_cache import (
     _TMP_PREFIX,
     WEIGHTS_PREFIX,
@@ -165,7 +165,9 @@ class WeightCache:
             for name, rec in index["layers"].items():
                 mod = by_name.get(name)
                 if mod is not None and rec["signature"] == signature(mod):
-                    out[name] = _rebuild(whole, rec)
+                    packed = _rebuild(whole, rec)
+                    if _fits(mod, packed):
+                        out[name] = packed
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             return self._reject(f"malformed index ({type(exc).__name__}: {exc})")
         logger.info("weight cache: %d of %d layers mapped from %s (%.2f GiB, checked in %.2f s)", len(out),
@@ -200,7 +202,8 @@ class WeightCache:
     def save_async(self, layers: list[tuple[str, nn.Module]]) -> threading.Thread | None:
         """Write the packed layers of `layers` on a daemon thread; None when none is packed. A failure is a log
         line: the cache is an optimisation, never the load's problem."""
-        packed = [(name, mod, p) for name, mod in layers if (p := packed_of(mod)) is not None]
+        packed = [(name, mod, p) for name, mod in layers
+                  if (p := packed_of(mod)) is not None and all(str(t.dtype) in _DTYPES for t in _tensors(p))]
         if not packed:
             return None
         stop = threading.Event()
@@ -295,6 +298,24 @@ class WeightCache:
                     os.unlink(os.path.join(self.entry.folder, name))
                 except OSError:
                     pass
+
+
+def _fits(mod: nn.Module, packed: Packed) -> bool:
+    """Whether `packed` has the shapes the layer's kernels will read (an index that lies about them with a right
+    digest is one written by hand: the layer is then repacked, never read out of bounds)."""
+    if isinstance(mod, FusedMoE):
+        want = [(mod.num_local, 2 * mod.inter_per_rank, mod.hidden_size), (mod.num_local, mod.hidden_size,
+                                                                             mod.inter_per_rank)]
+        return isinstance(packed, tuple) and all(
+            (w.num_experts, w.n, w.k) == shape and w.data.numel() == w.num_experts * _data_bytes(w.kind, w.n, w.k)
+            for w, shape in zip(packed, want))
+    return isinstance(packed, QuantWeight) and [packed.n, packed.k] == signature(mod) and \
+        packed.data.numel() == _data_bytes(packed.kind, packed.n, packed.k)
+
+
+def _data_bytes(kind: int, n: int, k: int) -> int:
+    """Bytes of an n x k weight's data in `kind`'s interleaved layout (qweight.QuantWeight.from_rows)."""
+    return -(-n // QROWS) * (k // QBLOCK) * KINDS[kind].block_bytes if kind in KINDS else -1
 
 
 def _digest(layers: dict[str, Any]) -> str:

@@ -164,16 +164,21 @@ def test_a_damaged_cache_is_a_miss_then_written_again(damage, reason, mixed_file
         assert torch.equal(x, y)
 
 
-def test_a_layer_of_another_shape_is_repacked_the_rest_mapped(mixed_file, gguf_cache_dir) -> None:
-    """A layer whose signature differs from the model's (its record rewritten by hand, digest and all) is not
-    taken: the planner packs it from the file."""
+@pytest.mark.parametrize("lie", ["signature", "rows"])
+def test_a_layer_of_another_shape_is_repacked_the_rest_mapped(lie, mixed_file, gguf_cache_dir) -> None:
+    """A layer whose signature differs from the model's, or whose record names other shapes than the layer's
+    kernels read (its record rewritten by hand, digest and all), is not taken: the planner packs it from the
+    file."""
     first, _ = _load_twice(mixed_file)
     (bin_path,) = _bins(mixed_file)
     index_path = bin_path[:-4] + ".json"
     with open(index_path) as fh:
         index = json.load(fh)
     name = next(iter(index["layers"]))
-    index["layers"][name]["signature"] = [1, 2]
+    if lie == "signature":
+        index["layers"][name]["signature"] = [1, 2]
+    else:
+        index["layers"][name]["weights"][0]["n"] += 8
     index["layers_digest"] = weight_cache._digest(index["layers"])
     with open(index_path, "w") as fh:
         json.dump(index, fh)
