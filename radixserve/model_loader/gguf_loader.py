@@ -239,7 +239,7 @@ def load_for_runner(runner: ModelRunner, keep: Callable[[str], bool] | None) -> 
     if runner.device.type == "cpu" and not runner.server_args.disable_weight_cache:
         ps = runner.parallel_state
         cache = WeightCache.open(runner.model_path, runner.quantization, (ps.tp_size, ps.pp_size, ps.ep_size),
-                                 (ps.tp_rank, ps.pp_rank))
+                                 (ps.tp_rank, ps.pp_rank), runner.model_config.vocab_size)
     report = load_gguf_low_bit(runner.model, runner.model_path, runner.quantization, keep, float_copy, cache)
     budget.weights_mapped = report.mapped_bytes
     logger.info("quantization %s: %s (%.0f MB low-bit, %.0f MB of it mapped from the weight cache)",

@@ -22,7 +22,8 @@ digest, and each layer is taken only if the model's layer has the signature it w
 and written again from the repack.
 
 Size: the entry never holds more than the GGUF file: each rank's .bin gets its share of what the config and
-tokenizer leave, filled with the largest layers that fit; the rest are repacked at every start (an 8B: ~0.1 GB of
+tokenizer leave (or will leave: the HTTP process may save the tokenizer after this write), filled with the largest
+layers that fit; the rest are repacked at every start (an 8B: ~0.1 GB of
 its 4.7). Other layouts' files in the
 entry are deleted when one is written, and nothing is written where the disk would keep less than 1 GiB free.
 `--disable-weight-cache` or RADIXSERVE_NO_GGUF_CACHE=1 turns it off.
@@ -118,16 +119,20 @@ class WeightCache:
     entry: CacheEntry
     tag: str
     share: int  # ranks holding one model between them: each .bin gets its share of the file's size
+    reserve: int  # bytes kept for the entry's config and tokenizer, which another process may write after us
     budget: int | None = None  # most bytes the .bin may hold; None: its share of what the entry's other files leave
 
     @staticmethod
-    def open(path: str, mode: str, sizes: tuple[int, int, int], ranks: tuple[int, int]) -> WeightCache | None:
+    def open(path: str, mode: str, sizes: tuple[int, int, int], ranks: tuple[int, int],
+             vocab_size: int) -> WeightCache | None:
         """The cache of `path` in `mode` for the rank at `ranks` (its tp / pp indices) of a replica laid out as
-        `sizes` (tp / pp / ep sizes); None when caching is off."""
+        `sizes` (tp / pp / ep sizes), whose tokenizer has `vocab_size` pieces; None when caching is off."""
         entry = cache_entry(path)
         if entry is None:
             return None
-        return WeightCache(entry, weight_tag(mode, sizes, ranks), sizes[0] * sizes[1])
+        # a saved tokenizer takes 72-128 bytes a piece (SmolLM2's 49k, Gemma 3's 262k): room for twice that
+        reserve = (1 << 16) + 256 * max(0, vocab_size)
+        return WeightCache(entry, weight_tag(mode, sizes, ranks), sizes[0] * sizes[1], reserve)
 
     @property
     def bin_path(self) -> str:
@@ -216,7 +221,8 @@ class WeightCache:
     def _choose(self, packed: list[tuple[str, nn.Module, Packed]]) -> tuple[list[tuple[str, nn.Module, Packed]], int]:
         """As many layers as the budget holds, largest first (what is left out is then the smallest remainder: an
         8B's LM head fits, a few of its smaller projections not), and their bytes in the file."""
-        budget = self.budget if self.budget is not None else (self.entry.size - self._other_bytes()) // self.share
+        others = max(self._other_bytes(), self.reserve)
+        budget = self.budget if self.budget is not None else (self.entry.size - others) // self.share
         chosen, total = [], 0
         for item in sorted(packed, key=lambda x: -_file_bytes(x[2])):  # stable: model order among equals
             if total + _file_bytes(item[2]) <= budget:
