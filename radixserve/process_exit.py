@@ -27,6 +27,17 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
+_BEFORE_EXIT: list[Callable[[], None]] = []
+
+
+def before_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` when run_then_exit leaves (once, whatever it was given first): what a thread has half-done on
+    disk, it undoes there (model_loader/weight_cache.py: a cache write's temporary file). atexit would never
+    run: the process leaves by os._exit."""
+    if hook not in _BEFORE_EXIT:
+        _BEFORE_EXIT.append(hook)
+
+
 def run_then_exit(main: Callable[..., Any], *args: Any) -> None:
     """Run an entry point, flush what it logged and printed, and leave with its status at once. Exceptions
     other than SystemExit (a KeyboardInterrupt, a bug) propagate as usual, with their traceback."""
@@ -35,6 +46,11 @@ def run_then_exit(main: Callable[..., Any], *args: Any) -> None:
         code = 0
     except SystemExit as e:
         code = exit_code_of(e)
+    for hook in _BEFORE_EXIT:
+        try:
+            hook()
+        except Exception:  # a hook's failure must not change how the process leaves
+            logging.getLogger(__name__).exception("a before-exit hook failed")
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -40,3 +40,19 @@ def test_an_unexpected_exception_keeps_its_traceback() -> None:
     proc = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr and "KeyError: 'boom'" in proc.stderr
+
+
+def test_before_exit_hooks_run_once_and_a_failing_one_changes_nothing() -> None:
+    """What a thread half-did on disk is undone on the way out (weight_cache.abort_writes), though os._exit skips
+    atexit; a hook that raises is logged, and the status stays the entry point's."""
+    body = ("import sys\n"
+            "from radixserve.process_exit import before_exit, run_then_exit\n"
+            "def undo():\n    print('undone', end='')\n"
+            "def broken():\n    raise OSError('disk gone')\n"
+            "def main():\n    before_exit(broken)\n    before_exit(undo)\n    before_exit(undo)\n"
+            "    raise SystemExit(143)\n"
+            "run_then_exit(main)\n")
+    proc = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 143
+    assert proc.stdout == "undone"
+    assert "a before-exit hook failed" in proc.stderr and "disk gone" in proc.stderr

@@ -189,11 +189,10 @@ def _die_with_parent() -> None:
 def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: int, ready_addr: str,
                           dp_rank: int = 0) -> None:
     """Entry point of the scheduler process; reports 'ready' (or the error) on ready_addr."""
-    where = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes).describe(rank)
-    where += f" of dp rank {dp_rank}" if server_args.dp_size > 1 else ""
+    layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
+    where = layout.describe(rank) + (f" of dp rank {dp_rank}" if server_args.dp_size > 1 else "")
     _die_with_parent()
     # the disk reads, and the weight cache's digest is computed, while torch imports
-    layout = RankLayout(server_args.tp_size, server_args.pp_size, server_args.nnodes)
     tag = weight_tag(server_args.quantization, (server_args.tp_size, server_args.pp_size, server_args.ep_size),
                      (layout.tp_rank(rank), layout.pp_rank(rank)))
     start_readahead(server_args.resolved_model_path(), not server_args.disable_weight_cache, tag)
@@ -231,16 +230,6 @@ def run_scheduler_process(server_args: ServerArgs, ports: SchedulerPorts, rank: 
         print(f"radixserve: {where}: the scheduler stopped: {type(e).__name__}: {e}\n{traceback.format_exc()}",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    finally:
-        _stop_cache_writes()
-
-
-def _stop_cache_writes() -> None:
-    """The process leaves by os._exit (process_exit.py): a weight cache write in flight deletes its temporary
-    file first."""
-    from radixserve.model_loader.weight_cache import abort_writes  # lazy: imports torch, loaded by now anyway
-
-    abort_writes()
 
 
 if __name__ == "__main__":

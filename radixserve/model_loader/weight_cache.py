@@ -65,6 +65,7 @@ from radixserve.model_loader.weight_check import (
     file_key,
     weight_tag,
 )
+from radixserve.process_exit import before_exit
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +216,7 @@ class WeightCache:
         thread = threading.Thread(target=self._save, args=(packed, stop), name="rs-weight-cache", daemon=True)
         _WRITERS[:] = [w for w in _WRITERS if w[0].is_alive()]
         _WRITERS.append((thread, stop))
+        before_exit(abort_writes)  # a server stopped during the write deletes its temporary file
         thread.start()
         return thread
 
