@@ -29,11 +29,10 @@ from radixserve.layers.linear import PackableLinear, prepare_float_weight
 from radixserve.layers.moe.experts import FusedMoE
 from radixserve.layers.quantization.gguf_formats import FORMATS
 from radixserve.layers.quantization.plan import QuantReport, quantize_model
-from radixserve.layers.quantization.qweight import ExpertQuantWeight, QuantWeight
 from radixserve.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from radixserve.model_executor.memory_budget import gib
 from radixserve.model_loader.gguf import GGUFBlocks, iterate_gguf_weights
-from radixserve.model_loader.weight_cache import WeightCache
+from radixserve.model_loader.weight_cache import WeightCache, packed_bytes
 
 if TYPE_CHECKING:
     from radixserve.model_executor.model_runner import ModelRunner
@@ -146,7 +145,7 @@ def load_gguf_low_bit(model: nn.Module, path: str, mode: str, keep: Callable[[st
     layers = _layers(model)
     prepacked = cache.restore(layers) if cache is not None else {}
     report = quantize_model(model, mode, sources, dense, blocks if mode == "auto" else None, prepacked)
-    report.mapped_bytes = sum(_nbytes(p) for p in prepacked.values())
+    report.mapped_bytes = sum(packed_bytes(p) for p in prepacked.values())
     served: dict[str, bool] = {}  # checkpoint tensor -> every consumer runs without its float rows so far
     for name, mod in layers:
         if isinstance(mod, FusedMoE):
@@ -175,10 +174,6 @@ def load_gguf_low_bit(model: nn.Module, path: str, mode: str, keep: Callable[[st
     if cache is not None and not prepacked:  # a miss: the next start maps what this one packed
         cache.save_async(layers)
     return report
-
-
-def _nbytes(packed: QuantWeight | tuple[ExpertQuantWeight, ExpertQuantWeight]) -> int:
-    return sum(w.nbytes() for w in (packed if isinstance(packed, tuple) else (packed,)))
 
 
 def _return_freed_memory() -> None:

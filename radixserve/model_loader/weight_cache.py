@@ -335,6 +335,11 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def packed_bytes(packed: Packed) -> int:
+    """A layer's packed bytes (unaligned: what the model holds)."""
+    return sum(t.numel() * t.element_size() for t in _tensors(packed))
+
+
 def _file_bytes(packed: Packed) -> int:
     return sum(_aligned(t.numel() * t.element_size()) for t in _tensors(packed))
 
