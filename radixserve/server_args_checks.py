@@ -5,6 +5,7 @@ field: `ServerArgs.<field>: <why>`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,9 @@ def check_server_args(args: ServerArgs) -> None:
     def bad(name: str, why: str) -> None:
         raise ValueError(f"ServerArgs.{name}: {why}")
 
+    for f in dataclasses.fields(args):  # a switch is a bool: "maybe" or 3 must not turn a feature on or off
+        if f.type == "bool" and not isinstance(getattr(args, f.name), bool):
+            bad(f.name, f"must be true or false, got {getattr(args, f.name)!r}")
     if args.api_key is None and os.environ.get(API_KEY_ENV):
         object.__setattr__(args, "api_key", os.environ[API_KEY_ENV])  # frozen: set once, here
     if args.request_timeout is not None and args.request_timeout <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -83,3 +84,12 @@ def test_knobs_that_would_be_ignored_are_refused() -> None:
         ServerArgs(quantization="none", quant_max_rows=32)
     assert ServerArgs(quantization="none").quant_max_rows is None
     assert ServerArgs(quantization="auto", quant_max_rows=32).quant_max_rows == 32
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(ServerArgs) if f.type == "bool"])
+@pytest.mark.parametrize("value", ["maybe", 3, None])
+def test_a_switch_takes_true_or_false_only(name, value) -> None:
+    """Every bool knob (--disable-weight-cache among them): a truthy string or number would turn a feature on or
+    off silently; it is refused naming the field."""
+    with pytest.raises(ValueError, match=rf"ServerArgs\.{name}: must be true or false"):
+        ServerArgs.from_kwargs(**{name: value})

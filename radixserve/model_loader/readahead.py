@@ -14,7 +14,7 @@ import os
 import threading
 
 from radixserve.model_executor.memory_budget import available_memory
-from radixserve.model_loader.gguf_cache import WEIGHTS_PREFIX, cache_entry, weight_files
+from radixserve.model_loader.gguf_cache import WEIGHTS_PREFIX, CacheEntry, cache_entry, weight_files
 from radixserve.model_loader.weight_check import start_precheck
 
 
@@ -29,7 +29,7 @@ def start_readahead(path: str, weight_cache: bool = True, weight_tag: str | None
         entry = cache_entry(path) if weight_cache else None
         if entry is not None and weight_tag is not None:
             start_precheck(entry.file(f"{WEIGHTS_PREFIX}{weight_tag}.bin"))
-        files = files_to_read(path, weight_cache)
+        files = files_to_read(path, entry)
         if sum(os.path.getsize(f) for f in files) > available_memory() // 2:
             return None
     except OSError:
@@ -39,9 +39,8 @@ def start_readahead(path: str, weight_cache: bool = True, weight_tag: str | None
     return thread
 
 
-def files_to_read(path: str, weight_cache: bool = True) -> list[str]:
-    """The weight cache's files of the model at `path` where an earlier start wrote them, else the model file."""
-    entry = cache_entry(path) if weight_cache else None
+def files_to_read(path: str, entry: CacheEntry | None) -> list[str]:
+    """The weight cache's files in the model's cache `entry` where an earlier start wrote them, else the model."""
     return (weight_files(entry) if entry is not None else []) or [path]
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import mmap
 import os
 import shutil
@@ -365,10 +366,7 @@ def _rebuild(whole: torch.Tensor, rec: dict[str, Any]) -> Packed:
         if spec is None:
             return None
         dtype, shape, offset = _DTYPES[spec[0]], [int(s) for s in spec[1]], int(spec[2])
-        numel = 1
-        for s in shape:
-            numel *= s
-        nbytes = numel * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if offset % ALIGN or offset < 0 or offset + nbytes > whole.numel():
             raise ValueError(f"tensor at {offset} of {nbytes} bytes is outside the file")
         return whole[offset: offset + nbytes].view(dtype).view(shape)

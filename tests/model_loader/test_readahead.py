@@ -54,14 +54,14 @@ def test_the_weight_cache_is_read_instead_of_the_model_where_it_exists(tmp_path,
     monkeypatch.delenv("RADIXSERVE_NO_GGUF_CACHE", raising=False)
     f = tmp_path / "model.gguf"
     f.write_bytes(b"\0" * 4096)
-    assert readahead.files_to_read(str(f)) == [str(f)]
     entry = cache_entry(str(f))
+    assert readahead.files_to_read(str(f), entry) == [str(f)]
     os.makedirs(entry.folder)
     packed = [entry.file("weights-abc-0-0.bin"), entry.file("weights-abc-1-0.bin")]
     for p in packed + [entry.file("weights-abc-0-0.json")]:
         open(p, "wb").close()
-    assert readahead.files_to_read(str(f)) == packed
-    assert readahead.files_to_read(str(f), weight_cache=False) == [str(f)]  # --disable-weight-cache
+    assert readahead.files_to_read(str(f), entry) == packed
+    assert readahead.files_to_read(str(f), None) == [str(f)]  # --disable-weight-cache: no entry looked up
     thread = readahead.start_readahead(str(f))
     assert thread is not None
     thread.join(10)
