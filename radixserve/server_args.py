@@ -94,8 +94,9 @@ class ServerArgs:
         "wrote beside its config in the GGUF cache (model_loader/weight_cache.py; never more bytes than the file)")
     quant_max_rows: int | None = _knob(
         None, "with low-bit weights: steps of at most this many rows run the low-bit copy, longer ones the float "
-        "weights. None = auto: every step (the integer kernels are as fast or faster at every size, and the "
-        "float copies are then not kept), except on AMX with bf16 GEMMs: 32 (AMX tiles win the long steps)"
+        "weights. None = auto: every step, on every CPU kind (one precision whatever the batch: a request's tokens "
+        "never depend on its neighbours; the float copies are then not kept). A cap is an opt-in for speed where "
+        "bf16 GEMMs are faster (AMX: prefill ~1.3x), at the price of that batch invariance"
     )
     disable_cpu_graph: bool = _knob(
         False, "run DECODE steps layer by layer in Python instead of the native decoder stack (CpuGraphRunner, "

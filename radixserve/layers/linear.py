@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
-from radixserve.kernels.cpu.loader import cpu_info
 from radixserve.layers.batch_invariant import tiled_rows
 from radixserve.layers.kernel_mode import EXACT, KernelMode, step_kernels
 from radixserve.layers.quantization.qweight import QuantWeight
@@ -48,20 +47,16 @@ LINEAR_BACKENDS = ("auto", "torch", "onednn")
 # prefill and batch-64 steps as fast as oneDNN's bf16 GEMM (AVX512-BF16 dot products: ~2x float32,
 # the same as the VNNI integer sums after their unpacking). So every step runs low-bit there, and the
 # float copies of the quantised projections are not even kept: one kernel for every step size also
-# makes a request's result independent of its batch. Only AMX (bf16 tiles, ~1,100 GFLOP/s, 4-5x the
-# integer path) wins long steps: there steps of more rows than this run the bf16 GEMMs.
-LOW_BIT_MAX_ROWS_WITH_AMX = 32
+# makes a request's result independent of its batch. On AMX the long steps run AMX-INT8 tiles with the
+# register tiles' bits (kernels/cpu/csrc/quant_amx.h), so there too every step is low-bit by default. A cap
+# (--quant-max-rows N) is the opt-in for bf16 GEMMs above N rows: oneDNN's AMX-BF16 brgemm is ~3x the int8
+# tiles at 512 rows (per-block scales cost a float step per 32 products), at the price of that invariance.
 
 
-def resolve_low_bit_max_rows(setting: int | None, gemm_dtype: torch.dtype, amx: bool | None = None) -> int | None:
-    """ServerArgs.quant_max_rows -> the cap a runner uses: an explicit value as given, else
-    LOW_BIT_MAX_ROWS_WITH_AMX when the float GEMMs run in bf16 on AMX tiles (`amx`: default, what this CPU
-    reports), None (every step) otherwise."""
-    if setting:
-        return setting
-    if amx is None:
-        amx = "amx_bf16" in cpu_info()[0]
-    return LOW_BIT_MAX_ROWS_WITH_AMX if gemm_dtype == torch.bfloat16 and amx else None
+def resolve_low_bit_max_rows(setting: int | None) -> int | None:
+    """ServerArgs.quant_max_rows -> the cap a runner uses: an explicit value as given, else None (every step
+    low-bit, on every CPU kind)."""
+    return setting or None
 
 
 class LowBitHolder(nn.Module):

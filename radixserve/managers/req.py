@@ -9,6 +9,11 @@ Lengths of a request at any moment (DESIGN section 4):
 
 During a chunked prefill `fill_ids` is the prompt prefix computed so far and
 `prefix_indices` the KV slots the request already holds (tree-owned or its own).
+
+A retracted request that `replay`s comes back with only its prompt prefilled and writes its outputs' KV in
+decode steps (one a step, their sampled tokens dropped) until kv_len = P + N - 1 again: each of those
+positions gets the decode path's bits, as when it was first decoded (the prefill path's attention rounds
+differently), so retraction does not move a request's logprobs.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Req:
     finished_reason: FinishReason | None = None
     to_abort: FinishReason | None = None
     num_retractions: int = 0
+    replay: bool = False  # retracted: its outputs' KV is rebuilt by decode steps (module docstring)
     # perf_counter() time after which the request is aborted (HTTP 408); None = no limit
     deadline: float | None = None
     # set when the request failed or timed out: (HTTP status, message) for the client
@@ -153,9 +159,31 @@ class Req:
     def finished(self) -> bool:
         return self.finished_reason is not None
 
+    def prefill_ids(self) -> list[int]:
+        """What a (re)admission computes by prefill: the prompt, plus the outputs of a retracted request that
+        does not replay them."""
+        return self.origin_input_ids if self.replay else self.origin_input_ids + self.output_ids
+
     def init_next_round_input(self) -> None:
-        """Tokens to compute at (re)admission: the prompt, plus outputs if it was retracted."""
-        self.fill_ids = self.origin_input_ids + self.output_ids
+        self.fill_ids = self.prefill_ids()
+
+    @property
+    def replaying(self) -> bool:
+        """Its KV ends before its last output's position: the next decode steps rebuild it, their samples dropped."""
+        return self.replay and self.kv_len < self.seqlen - 1
+
+    @property
+    def decode_len(self) -> int:
+        """Positions the next decode step's query sees (it writes position decode_len - 1): seqlen, or one past
+        the KV of a replaying request."""
+        return self.kv_len + 1 if self.replaying else self.seqlen
+
+    @property
+    def decode_input_id(self) -> int:
+        """The token the next decode step feeds: the last output, or a replaying request's next known token."""
+        p = self.decode_len - 1
+        n = len(self.origin_input_ids)
+        return self.origin_input_ids[p] if p < n else self.output_ids[p - n]
 
     def prefix_match_key(self) -> list[int]:
         # NOTE: capped at len - 1 so at least one token is computed and there are logits to sample.

@@ -100,17 +100,18 @@ class ScheduleBatch:
     def release_outside_window(self) -> None:
         """Before the next decode or verify step (queries from position seqlen - 1 on): a hybrid pool's local KV
         of the running requests' positions that have left their window goes back (BasePrefixCache)."""
-        self.tree_cache.release_outside_window(self.reqs, [r.seqlen - 1 for r in self.reqs])
+        self.tree_cache.release_outside_window(self.reqs, [r.decode_len - 1 for r in self.reqs])
 
     def decode_slots_needed(self) -> int:
         """Slots (in whole pages) the next decode step takes from the allocator."""
-        return self.slots.slots_needed([r.seqlen - 1 for r in self.reqs], [r.seqlen for r in self.reqs])
+        return self.slots.slots_needed([r.decode_len - 1 for r in self.reqs], [r.decode_len for r in self.reqs])
 
     def prepare_for_decode(self) -> None:
-        """One new token per request: the last sampled one is written at position seqlen - 1."""
+        """One new token per request: the last sampled one is written at position seqlen - 1 (a replaying
+        request's next known token at decode_len - 1: Req)."""
         self.forward_mode = ForwardMode.DECODE
-        self.input_ids = [r.output_ids[-1] for r in self.reqs]
-        self.seq_lens = [r.seqlen for r in self.reqs]
+        self.input_ids = [r.decode_input_id for r in self.reqs]
+        self.seq_lens = [r.decode_len for r in self.reqs]
         self.prefix_lens = [s - 1 for s in self.seq_lens]
         self.out_cache_loc = self._alloc(self.reqs, self.prefix_lens, self.seq_lens)
         self.num_extend_reqs = 0
@@ -163,13 +164,13 @@ class ScheduleBatch:
         """Append the running requests' decode tokens to this prefill batch (one MIXED forward).
 
         A decode inside MIXED is an EXTEND of length 1 whose prefix is its whole history."""
-        dec_prefix = [r.seqlen - 1 for r in running.reqs]
-        dec_seq = [r.seqlen for r in running.reqs]
+        dec_prefix = [r.decode_len - 1 for r in running.reqs]
+        dec_seq = [r.decode_len for r in running.reqs]
         locs = running._alloc(running.reqs, dec_prefix, dec_seq)
         self.forward_mode = ForwardMode.MIXED
         self.num_extend_reqs = len(self.reqs)
         self.reqs = self.reqs + running.reqs
-        self.input_ids = self.input_ids + [r.output_ids[-1] for r in running.reqs]
+        self.input_ids = self.input_ids + [r.decode_input_id for r in running.reqs]
         self.prefix_lens = self.prefix_lens + dec_prefix
         self.seq_lens = self.seq_lens + dec_seq
         self.out_cache_loc = torch.cat([self.out_cache_loc, locs])
@@ -182,18 +183,20 @@ class ScheduleBatch:
     def merge_batch(self, other: ScheduleBatch) -> None:
         self.reqs = self.reqs + other.reqs
 
-    def retract_decode(self, needed: int) -> list[Req]:
+    def retract_decode(self, needed: int, replay: bool = False) -> list[Req]:
         """Free KV by sending requests back to the queue until `needed` slots are free.
 
         Victims: most generated tokens first (they cost the most to hold), then longest prompt.
         Their KV is handed to the prefix cache (kept if the tree shares, freed otherwise), so a
-        re-admitted request recomputes only what was evicted meanwhile."""
+        re-admitted request recomputes only what was evicted meanwhile, or (`replay`) prefills its prompt
+        and rebuilds its outputs' KV by decode steps (Req)."""
         order = sorted(self.reqs, key=lambda r: (len(r.output_ids), len(r.origin_input_ids)))
         retracted: list[Req] = []
         while order and len(order) > 1 and self.allocator.available_size() < needed:
             req = order.pop()
             self.tree_cache.cache_finished_req(req, kv_len=req.kv_len)
             req.reset_for_retract()
+            req.replay = replay and bool(req.output_ids)
             retracted.append(req)
             self.tree_cache.evict(needed)
         self.reqs = [r for r in self.reqs if r not in retracted]

@@ -120,9 +120,9 @@ class PrefillAdder:
     def add_chunked_req(self, req: Req) -> Req | None:
         """Continue a request mid chunked prefill (it already holds a row and its prefix).
 
-        NOTE: a retracted request re-prefills its prompt *and* its outputs, so chunks are cut
-        from origin_input_ids + output_ids, not from the prompt alone."""
-        full = req.origin_input_ids + req.output_ids
+        NOTE: a retracted request re-prefills its prompt *and* its outputs (unless it replays them: Req), so
+        chunks are cut from what it prefills, not from the prompt alone."""
+        full = req.prefill_ids()
         done = len(req.prefix_indices)
         left = len(full) - done
         limit = self._chunk_limit()

@@ -80,6 +80,7 @@ class Scheduler:
         # requests out at the same step (None = this process's own clock)
         self.clock_override: float | None = None
         self.spec_worker = SpecWorker.create(server_args, runner)
+        self.replay_retracted = runner.low_bit_only() and not runner.deterministic and self.spec_worker is None  # Req
         # constrained requests wait here while their grammar compiles (the backend is built on first use)
         self.grammar_queue = GrammarQueue(server_args, self.tokenizer, self.model_config, runner.parallel_state)
         self.embedding = EmbeddingMode.create(server_args, runner)  # --is-embedding: pooled vectors, no tokens
@@ -119,8 +120,7 @@ class Scheduler:
         return None
 
     def _drop_queued(self, req: Req, reason: FinishReason) -> None:
-        """A queued request (waiting, or compiling its grammar) leaves; it holds no KV (a retracted one
-        gave its KV back when retracted)."""
+        """A queued request (waiting, or compiling its grammar; a retracted one gave its KV back) leaves."""
         if req in self.grammar_queue.reqs:
             self.grammar_queue.remove(req)
         else:
@@ -140,16 +140,12 @@ class Scheduler:
     def _expire(self) -> None:
         """Requests past their deadline: aborted with a 408, their KV returned like any abort."""
         now = self.now()
-        for req in [r for r in self.grammar_queue.reqs + self.waiting_queue if r.past_deadline(now)]:
-            self._timed_out(req)
-            self._drop_queued(req, req.to_abort)
-        for req in self.running_batch.reqs + ([self.chunked_req] if self.chunked_req else []):
-            if req.past_deadline(now):
-                self._timed_out(req)
-
-    def _timed_out(self, req: Req) -> None:
-        self.stats["num_timed_out_reqs"] += 1
-        req.time_out()
+        queued = [r for r in self.grammar_queue.reqs + self.waiting_queue if r.past_deadline(now)]
+        for req in queued + [r for r in self.running_batch.reqs + [self.chunked_req] if r and r.past_deadline(now)]:
+            self.stats["num_timed_out_reqs"] += 1
+            req.time_out()
+            if req in queued:
+                self._drop_queued(req, req.to_abort)
 
     def _reap_aborted(self) -> None:
         self._expire()
@@ -223,7 +219,7 @@ class Scheduler:
         if self.allocator.available_size() < need:
             self.tree_cache.evict(need - self.allocator.available_size())
         if self.allocator.available_size() < need:
-            retracted = batch.retract_decode(need)
+            retracted = batch.retract_decode(need, self.replay_retracted)
             self.stats["num_retractions"] += len(retracted)
             # Budgets were too optimistic: reserve more for the requests that stay.
             self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1 * len(retracted))
@@ -351,6 +347,8 @@ class Scheduler:
         if req.is_chunked:
             self.tree_cache.cache_unfinished_req(req)
             return
+        if req.replay and req.kv_len < req.seqlen:
+            return  # rebuilding a retracted request's KV: the token this step sampled is one it already has
         if req.sampling_params.max_new_tokens == 0:
             # a prompt-only request: the distribution after its prompt is all it reads (token_ids_logprob)
             self.output_processor.add_token_ids_logprobs(req, sample, i)

@@ -9,7 +9,7 @@ low-bit blocks by their kernel layout: gguf_formats.GGUFFormat.kernel_bytes; flo
 dtype), and a model whose weights and activations do not fit is refused with the sizes, never OOM-killed
 half way through a load. Pages of a memory-mapped file (a GGUF embedding read in place) are the page
 cache's, not the budget's. The KV pool gets what remains, capped by `cpu_kv_cache_gb` on a CPU; the float
-copy for long steps (bf16 on AMX) is made only when it fits beside a minimal KV pool, and the choice is
+copy for long steps (the opt-in --quant-max-rows: bf16 GEMMs) is made only when it fits beside a minimal KV pool, and the choice is
 logged. `/get_server_info` reports each part (as_dict).
 """
 

@@ -152,7 +152,7 @@ class ModelRunner:
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.quantization = self._resolve_quantization()
         # steps of at most this many rows run the low-bit copy (None = every step; layers/linear.py)
-        self.quant_max_rows = resolve_low_bit_max_rows(server_args.quant_max_rows, self.dtype)
+        self.quant_max_rows = resolve_low_bit_max_rows(server_args.quant_max_rows)
         self._load_model(model)
         # Gemma 3's image spans attend both ways: ForwardBatch.attn_q_last
         self.image_spans_bidirectional = bool(getattr(self.model, "image_spans_bidirectional", False))
@@ -207,7 +207,7 @@ class ModelRunner:
                 raise ValueError("a shared model that kept only its low-bit weights needs a runner that runs every "
                                  "step low-bit (same quantization, quant_max_rows unset)")
             if has_float_weights(model):  # idempotent: a shared model is prepared once
-                prepare_float_weights(model, self.linear_backend, self.dtype, self._low_bit_only())
+                prepare_float_weights(model, self.linear_backend, self.dtype, self.low_bit_only())
             self.weight_bytes = model_weight_bytes(model)
             self.memory_budget, self._min_kv_bytes = plan_runner_memory(self, self.weight_bytes)
             return
@@ -230,12 +230,12 @@ class ModelRunner:
             self.model.to(self.device).eval()
             if self.quantization != "none":
                 self._quantize_model()  # from the dense weights, before packing frees them
-            if self._low_bit_only():
+            if self.low_bit_only():
                 # every step runs low-bit: the float copies of the quantised projections are never read
                 release_float_weights(self.model)
         if self.server_args.mmproj and self.model.has_vision:
             self.model.load_vision_weights(iterate_mmproj_weights(self.server_args.mmproj))
-        prepare_float_weights(self.model, self.linear_backend, self.dtype, self._low_bit_only())
+        prepare_float_weights(self.model, self.linear_backend, self.dtype, self.low_bit_only())
         self.weight_bytes = model_weight_bytes(self.model)
         self.memory_budget.weights = self.weight_bytes - self.memory_budget.float_copy  # measured now
         logger.info("loaded %s (%.0f MB) in %.1fs", self.model_path, self.weight_bytes / 2**20, time.perf_counter() - t0)
@@ -255,7 +255,7 @@ class ModelRunner:
         weights at all (nothing to stay within). What the speculative verify sizes its rows by."""
         return self.quant_max_rows if self.quant_ops is not None else None
 
-    def _low_bit_only(self) -> bool:
+    def low_bit_only(self) -> bool:
         return self.quantization != "none" and self.quant_max_rows is None
 
     def _quantize_model(self) -> None:

@@ -7,8 +7,8 @@
        are dequantised from the file one layer at a time;
     3. a quantised embedding is looked up in the mapped file's rows (VocabParallelEmbedding.map_blocks);
     4. only what is left (norms, biases, float-typed tensors) is dequantised and loaded;
-    5. where long steps run on float GEMMs (bf16 on AMX, ModelRunner.quant_max_rows), their float copy is built
-       layer by layer from the file and packed at once, when the memory budget has room for it.
+    5. where long steps run on float GEMMs (the opt-in --quant-max-rows), their float copy is built layer by
+       layer from the file and packed at once, when the memory budget has room for it.
 
 Peak memory while loading is the final resident size plus one layer's working set. On a later start the packed
 layers are mapped from the weight cache (model_loader/weight_cache.py) instead: step 2 then reads nothing but what
@@ -216,8 +216,8 @@ def _make_float_copies(model: nn.Module, dense: Callable, backend: str, dtype: t
 
 
 def load_for_runner(runner: ModelRunner, keep: Callable[[str], bool] | None) -> tuple[QuantReport, int | None]:
-    """A ModelRunner's GGUF in its low-bit mode: the float copies of long steps (bf16 GEMMs on AMX: quant_max_rows
-    set) only when its memory budget has room for them beside a minimal KV pool, the choice logged. Returns the
+    """A ModelRunner's GGUF in its low-bit mode: the float copies of long steps (quant_max_rows set: bf16 GEMMs)
+    only when its memory budget has room for them beside a minimal KV pool, the choice logged. Returns the
     report and the quant_max_rows the runner keeps (None: every step low-bit)."""
     budget, max_rows, float_copy = runner.memory_budget, runner.quant_max_rows, None
     if max_rows is not None:

@@ -22,8 +22,8 @@ distribution exactly; greedy and seeded requests get token for token what they g
 
 Draft length per request: after a verify that kept none of its drafts it halves (down to 0: no drafts
 for RETRY_AFTER_STEPS steps, then one token is tried), after one that kept all of them it doubles back
-up to --speculative-num-draft-tokens. Where the low-bit path is capped (ModelRunner.low_bit_row_limit(): AMX
-machines, or --quant-max-rows), a batch that decodes on it verifies on it too (the rows of the step stay
+up to --speculative-num-draft-tokens. Where the low-bit path is capped (ModelRunner.low_bit_row_limit():
+--quant-max-rows), a batch that decodes on it verifies on it too (the rows of the step stay
 within the cap), so a verified row is computed by the same kernels as the decode step it replaces.
 """
 

@@ -64,8 +64,7 @@ def test_pp2_over_two_launches_serves_like_one_and_a_killed_rank_stops_both(fast
     native stack, the stages layer by layer: a divergence is excused only at a near-tie)."""
     from radixserve.managers.scheduler import Scheduler
 
-    # one prompt at a time, as _generate sends them: the same step shapes on both sides (on an AMX CPU a
-    # batched prefill of more than --quant-max-rows rows would take other kernels than a lone one)
+    # one prompt at a time, as _generate sends them: the same step shapes on both sides
     sched = Scheduler(fast_runner.server_args, model_runner=fast_runner)
     want = {rid: run(sched, {rid: ids}, greedy(GREEDY["max_new_tokens"]))[rid] for rid, ids in PROMPTS.items()}
     node0, node1 = _nodes(["--pp-size", "2", "--max-total-tokens", "4096"])

@@ -34,8 +34,8 @@ SERVER_ARGS = [
     "--max-total-tokens",
     "16384",
     # the exact mode: these tests compare outputs across batchings (64 concurrent streams equal the same
-    # requests one at a time), which the default mode guarantees only on CPUs without AMX (README: batch
-    # invariance in the default mode). The default mode runs over HTTP in test_http_faults.py's own server.
+    # requests one at a time) against transformers-level float32 references. The default mode (batch-invariant
+    # too, on every CPU kind) runs over HTTP in test_http_faults.py's own server.
     "--quantization",
     "none",
     "--dtype",

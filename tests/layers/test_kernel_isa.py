@@ -104,7 +104,10 @@ print("ISA", loaded_isa())
 def test_detected_variant_follows_the_cpu_flags() -> None:
     flags, _ = loader.cpu_info()
     isa = loader.detect_isa()
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma", "f16c"} <= flags:
+    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma", "f16c"}
+    if vnni | {"amx_tile", "amx_int8"} <= flags:
+        assert isa == "amx"
+    elif vnni <= flags:
         assert isa == "avx512vnni"
     elif {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"} <= flags:
         assert isa == "avx512"
@@ -159,3 +162,27 @@ def test_a_stale_build_lock_left_by_a_killed_build_does_not_hang() -> None:
 def test_the_build_command_refuses_an_unknown_flag() -> None:
     with pytest.raises(SystemExit, match="--every-variant"):
         loader.main(["--every-variants"])
+
+
+def test_a_variant_the_compiler_cannot_build_falls_back_to_the_next(monkeypatch, tmp_path) -> None:
+    """The amx variant needs GCC >= 11: where the best variant for the flags fails to build, the next one the CPU
+    runs is built instead (a forced one is that one or nothing)."""
+    runs = [n for n in loader.ISA_NAMES if not loader.missing_features(n)]
+    if len(runs) < 2:
+        pytest.skip("this CPU runs one variant only")
+    tried: list[str] = []
+
+    def fake_load(cpp_extension, isa, flags, folder) -> None:
+        tried.append(isa)
+        if isa == runs[0]:
+            raise RuntimeError(f"c++: error: unrecognized command-line option for {isa}")
+
+    monkeypatch.setenv("RADIXSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv(loader.ISA_ENV, raising=False)
+    monkeypatch.setattr(loader, "_load", fake_load)
+    ops, reason, isa = loader._build_variant()
+    assert (isa, reason, tried) == (runs[1], "", runs[:2])
+    tried.clear()
+    monkeypatch.setenv(loader.ISA_ENV, runs[0])
+    ops, reason, isa = loader._build_variant()
+    assert ops is None and "unrecognized" in reason and tried == [runs[0]]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixserve.kernels.cpu import load_cpu_ops, native_bf16_matmul
-from radixserve.layers.linear import LOW_BIT_MAX_ROWS_WITH_AMX, onednn_linear_available, resolve_low_bit_max_rows
+from radixserve.layers.linear import onednn_linear_available, resolve_low_bit_max_rows
 from radixserve.model_executor.model_runner import ModelRunner, resolve_dtype
 from radixserve.server_args import ServerArgs
 from tests.model_executor.hand_batch import HandBatch
@@ -33,11 +33,9 @@ def test_dtype_auto_reads_the_cpu() -> None:
         ServerArgs(kv_cache_dtype="fp8_e5m2")
     with pytest.raises(ValueError, match="ServerArgs.enable_deterministic_inference"):
         ServerArgs(dtype="bfloat16", enable_deterministic_inference=True)
-    # which steps run low-bit: every one, except long steps where bf16 GEMMs run on AMX tiles
-    assert resolve_low_bit_max_rows(None, torch.bfloat16, amx=True) == LOW_BIT_MAX_ROWS_WITH_AMX
-    assert resolve_low_bit_max_rows(None, torch.bfloat16, amx=False) is None
-    assert resolve_low_bit_max_rows(None, torch.float32, amx=True) is None
-    assert resolve_low_bit_max_rows(7, torch.float32, amx=False) == 7
+    # which steps run low-bit: every one on every CPU kind (AMX's long steps on AMX-INT8 tiles), unless capped
+    assert resolve_low_bit_max_rows(None) is None and resolve_low_bit_max_rows(0) is None
+    assert resolve_low_bit_max_rows(7) == 7
     for absurd in (0, -5, 1 << 40):
         if absurd == 0:
             continue  # 0 is "auto" like None

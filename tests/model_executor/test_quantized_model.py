@@ -138,8 +138,9 @@ def test_auto_is_batch_invariant_bit_for_bit(fast_runner, tokenizer) -> None:
     from radixserve.model_executor.model_runner import ModelRunner
     from tests.managers.driver import run
 
-    # auto runs every step low-bit except on AMX with bf16 GEMMs (layers/linear.py); there force it
-    every_step = {} if fast_runner.quant_max_rows is None else {"quant_max_rows": 1 << 20}
+    # auto runs every step low-bit on every CPU kind, AMX included (its long steps on AMX-INT8 tiles)
+    assert fast_runner.quant_max_rows is None
+    every_step: dict = {}
 
     def sched(**kw):
         args = fast_runner.server_args.replace(check_invariants=True, **every_step, **kw)
@@ -162,3 +163,40 @@ def test_auto_is_batch_invariant_bit_for_bit(fast_runner, tokenizer) -> None:
         for rid in prompts:
             assert together[rid].output_ids == alone[rid].output_ids, (config, rid)
             assert together[rid].top2 == alone[rid].top2, (config, rid)  # the logprobs, bit for bit
+
+
+def test_auto_is_batch_invariant_under_kv_pressure(fast_runner, tokenizer) -> None:
+    """The issue's stress case, in the default mode on whatever CPU runs it (AMX included: its long steps on AMX-INT8
+    tiles): 24 prompts around a shared ~600-token prefix, batched, staggered, chunked where the batch puts the
+    chunks, over the radix-cached prefix, give each prompt's alone tokens and logprobs bit for bit (before the AMX
+    tiles, long steps there ran bf16 GEMMs and 12 of 24 differed in their tokens). In a pool too small for them all,
+    decode retracts, and a retracted request replays its decoded tokens as decode steps (Req.replay): bit for bit
+    again. (Re-prefilled instead, on the prefill path's attention, their logprobs moved by up to 0.07 nats.)"""
+    from radixserve.managers.scheduler import Scheduler
+    from radixserve.model_executor.model_runner import ModelRunner
+    from tests.managers.driver import run
+
+    def sched(**kw):
+        args = fast_runner.server_args.replace(check_invariants=True, **kw)
+        return Scheduler(args, model_runner=ModelRunner(args, model=fast_runner.model))
+
+    prefix = tokenizer.encode(" ".join(f"Line {i}: the harbour lights were counted twice." for i in range(60)),
+                              add_special_tokens=False)[:600]
+    prompts = {f"q{i:02d}": prefix + tokenizer.encode(f" Question {i}: what is {i} times {i + 3}, and why? " * 3,
+                                                      add_special_tokens=False)[: 1 + (i * 7) % 40]
+               for i in range(24)}
+    alone_sched = sched(disable_radix_cache=True)
+    alone = {}
+    for rid, ids in prompts.items():
+        alone.update(run(alone_sched, {rid: ids}, greedy(8)))
+    arrive = {rid: i % 4 for i, rid in enumerate(prompts)}
+    together = run(sched(chunked_prefill_size=256), prompts, greedy(8), arrive=arrive)
+    for rid in prompts:
+        assert together[rid].output_ids == alone[rid].output_ids, rid
+        assert together[rid].top2 == alone[rid].top2, rid  # the logprobs, bit for bit
+    tight = sched(max_total_tokens=1000, init_new_token_ratio=0.0, min_new_token_ratio=0.0, chunked_prefill_size=256)
+    squeezed = run(tight, prompts, greedy(8), arrive=arrive)
+    assert tight.get_server_info()["num_retractions"] > 0, "the pool was meant to force retraction"
+    for rid in prompts:
+        assert squeezed[rid].output_ids == alone[rid].output_ids, rid
+        assert squeezed[rid].top2 == alone[rid].top2, rid

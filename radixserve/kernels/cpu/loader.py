@@ -12,11 +12,12 @@
                                blocks into quant_linear's layout;
                                _m16: a stack mixing the two, into their join Q8_M16)
     csrc/*.h                   C++ interfaces shared between the families (ops.h, quant_linear.h), and
-                               quant_tiles.h: the quantised GEMM's register tiles (quant_linear.cpp)
+                               quant_tiles.h: the quantised GEMM's register tiles (quant_linear.cpp);
+                               quant_amx.h: its AMX-INT8 tiles for 16 rows at a time (the amx variant)
 
 The variant is chosen at run time from what *this* CPU reports (/proc/cpuinfo flags), never from
-what the build machine had: `avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the integer dot products of the
-low-bit kernels in one instruction), `avx512` (AVX-512 F/BW/VL/DQ), `avx2` (AVX2 + FMA) or `generic`
+what the build machine had: `amx` (avx512vnni's, plus AMX-INT8 tiles for the long steps' quantised GEMMs),
+`avx512vnni` (AVX-512 F/BW/VL/DQ + VNNI: the integer dot products of the low-bit kernels in one instruction), `avx512` (AVX-512 F/BW/VL/DQ), `avx2` (AVX2 + FMA) or `generic`
 (the portable C++ loops, no vector extensions beyond the x86-64 baseline). RADIXSERVE_CPU_ISA
 forces a variant the CPU supports (the tests run the lower ones that way; asking for one the CPU
 lacks is a ValueError naming the missing features). Each variant is compiled with explicit
@@ -53,10 +54,14 @@ SOURCES = [os.path.join(_CSRC, f) for f in ("ops.cpp", "paged_attention.cpp", "f
 
 HEADERS = sorted(os.path.join(_CSRC, f) for f in os.listdir(_CSRC) if f.endswith(".h"))
 
+_VNNI_NEEDS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma", "f16c"})
+_VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma",
+               "-mf16c"]
 # best first: (name, CPU flags it needs, compiler flags)
 ISAS: list[tuple[str, frozenset[str], list[str]]] = [
-    ("avx512vnni", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx2", "fma", "f16c"}),
-     ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"]),
+    # avx512vnni plus AMX-INT8 tiles for the quantised GEMM's long steps (csrc/quant_amx.h)
+    ("amx", _VNNI_NEEDS | {"amx_tile", "amx_int8"}, [*_VNNI_FLAGS, "-mamx-tile", "-mamx-int8"]),
+    ("avx512vnni", _VNNI_NEEDS, _VNNI_FLAGS),
     ("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}),
      ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"]),
     ("avx2", frozenset({"avx2", "fma", "f16c"}), ["-mavx2", "-mfma", "-mf16c"]),
@@ -147,17 +152,27 @@ def _build_variant() -> tuple[Any | None, str, str]:
         isa = selected_isa()
     except ValueError as e:
         return None, str(e), ""
-    flags = next(f for name, _, f in ISAS if name == isa)
-    try:
-        from torch.utils import cpp_extension
+    # a variant picked from the CPU's flags that this compiler cannot build (amx needs GCC >= 11) falls back
+    # to the next one the CPU runs; a forced one is that one or nothing
+    forced = bool(os.environ.get(ISA_ENV, "").strip())
+    candidates = [isa] if forced else [n for n in ISA_NAMES[ISA_NAMES.index(isa):] if not missing_features(n)]
+    reason = ""
+    for name in candidates:
+        flags = next(f for n, _, f in ISAS if n == name)
+        try:
+            from torch.utils import cpp_extension  # lazy: torch's build helpers, only when kernels are built
 
-        folder = build_dir(isa)
-        os.makedirs(folder, exist_ok=True)
-        with _build_lock(folder):
-            _load(cpp_extension, isa, flags, folder)
-        return torch.ops.radixserve_cpu, "", isa
-    except Exception as exc:  # noqa: BLE001  # no compiler, no ninja, a failed build: all mean "fall back"
-        return None, f"{type(exc).__name__}: {exc}", isa
+            folder = build_dir(name)
+            os.makedirs(folder, exist_ok=True)
+            with _build_lock(folder):
+                _load(cpp_extension, name, flags, folder)
+            if reason:
+                logger.warning("C++ CPU kernels: the %s variant did not build (%s); using %s", isa,
+                               reason.splitlines()[0][:200], name)
+            return torch.ops.radixserve_cpu, "", name
+        except Exception as exc:  # noqa: BLE001  # no compiler, no ninja, a failed build: all mean "fall back"
+            reason = reason or f"{type(exc).__name__}: {exc}"  # without a compiler each try fails at once
+    return None, reason, isa
 
 
 @contextmanager

@@ -16,9 +16,8 @@
     int4   every projection and the LM head quantised to Q4_1 at load (min/max per 32-block)
     none   float only (the exact mode)
 
-The low-bit copy is what every step uses on a CPU whose float GEMMs would be float32 (the float copies are
-then released), and steps of up to ModelRunner.quant_max_rows rows where they are bf16 (AMX wins the
-long, compute-bound ones); layers/linear.py: resolve_low_bit_max_rows.
+The low-bit copy is what every step uses (the float copies are then released), unless --quant-max-rows caps it
+(an opt-in for bf16 GEMMs on long steps); layers/linear.py: resolve_low_bit_max_rows.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@
 // the 8 lanes of one register, and the per-block scales of the 8 rows are one vector: no scalar
 // scale products and no horizontal sums (the row-major kernel spent as long on those as on the
 // products). Measured on the 2-core AVX2 dev machine, one row of 3072 x 576 Q4_1: see the README.
+#include "quant_amx.h"
 #include "quant_linear.h"
 #include "quant_tiles.h"
 
@@ -128,10 +129,27 @@ void group_rows(const QMat& w, int64_t g, const Q8ActRows& a, const float* bias,
 // Rows r0 .. r1 of the output for weight groups g0 .. g1.
 void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int64_t ldo, int64_t g0,
                  int64_t g1, int64_t r0, int64_t r1) {
+#ifdef RS_AMX
+  // 16 rows or more: pairs of groups on AMX tiles (quant_amx.h: the same bits), the rows past the last full tile
+  // and a lone group on the register tiles
+  const bool amx = r1 - r0 >= kAmxRows && g1 - g0 >= 2 && amx_usable();
+  thread_local std::vector<int8_t> tiles;
+  if (amx) amx_configure(static_cast<int>(kQBlock / qkind_info(static_cast<int64_t>(w.kind))->scales_per_block));
+#endif
   for (int64_t g = g0; g < g1; ++g) {
 #if defined(__AVX2__) && defined(__FMA__)
 #ifdef RS_VNNI
     if (g + 1 < g1) {
+#ifdef RS_AMX
+      if (amx) {
+        unpack_pair(w, g, tiles);
+        int64_t r = r0;
+        for (; r + kAmxRows <= r1; r += kAmxRows) amx_pair_store(w, g, tiles, a, r, bias, out, ldo);
+        group_rows<true>(w, g, a, bias, out, ldo, r, r1);
+        ++g;
+        continue;
+      }
+#endif
       group_rows<true>(w, g, a, bias, out, ldo, r0, r1);
       ++g;
       continue;
@@ -148,6 +166,9 @@ void qgemm_block(const QMat& w, const Q8ActRows& a, const float* bias, float* ou
     }
 #endif
   }
+#ifdef RS_AMX
+  if (amx) _tile_release();  // a thread holding tile state makes every context switch save 8 KiB more
+#endif
 }
 
 }  // namespace
@@ -281,8 +302,13 @@ void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int
   const int64_t M = a.M;
   // Threads split the weight groups: a group's weights (nb * 128 or 256 bytes) stay in L1 while the
   // activation rows stream past them. Rows go in chunks so the chunk's activations (kRowChunk * K
-  // bytes) stay in L2 across the groups.
+  // bytes) stay in L2 across the groups. On AMX a chunk is 4x longer: each pair of groups is unpacked into tile
+  // layout once per chunk, and 256 rows of activations still fit L2 (2 MB on Sapphire Rapids).
+#ifdef RS_AMX
+  const int64_t kRowChunk = amx_usable() ? 256 : 64;
+#else
   constexpr int64_t kRowChunk = 64;
+#endif
   for (int64_t r0 = 0; r0 < M; r0 += kRowChunk) {
     const int64_t r1 = std::min(M, r0 + kRowChunk);
     at::parallel_for(0, w.G, 4, [&](int64_t g0, int64_t g1) { qgemm_block(w, a, bias, out, ldo, g0, g1, r0, r1); });
