@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-lens", type=parse_int_list, default=[128, 512, 2048])
     p.add_argument("--repeats", type=int, default=3, help="timed runs per point (the median is reported)")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--decode-repeats", type=int, default=0,
+                   help="timed steps per decode point (default --repeats); a few-ms step on a shared machine needs "
+                        "dozens for a steady median (bench peer takes 64)")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="KV pool size (default: exactly what the largest batch x context needs)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -81,8 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
 PROFILE_WARMUP = 8  # decode steps before the batch-1 split starts counting
 
 
+def decode_repeats(args: argparse.Namespace) -> int:
+    if not 0 <= args.decode_repeats <= 4096:
+        raise ValueError(f"--decode-repeats: must be in [0, 4096] (0 = --repeats), got {args.decode_repeats}")
+    return args.decode_repeats or args.repeats
+
+
 def needed_tokens(args: argparse.Namespace) -> int:
-    steps = args.repeats + args.warmup + 2  # decode steps appended per row, +1 for --profile
+    steps = decode_repeats(args) + args.warmup + 2  # decode steps appended per row, +1 for --profile
     if args.profile:
         steps = max(steps, args.profile_steps + PROFILE_WARMUP + 2)  # the batch-1 split's one request
     decode = max(args.batch_sizes) * (max(args.context_lens) + steps)
@@ -91,7 +100,7 @@ def needed_tokens(args: argparse.Namespace) -> int:
 
 def make_runner(args: argparse.Namespace) -> Any:
 
-    extra = max(args.repeats + args.warmup, (args.profile_steps + PROFILE_WARMUP) if args.profile else 0) + 2
+    extra = max(decode_repeats(args) + args.warmup, (args.profile_steps + PROFILE_WARMUP) if args.profile else 0) + 2
     longest = max(max(args.context_lens) + extra, max(args.prefill_lens))
     server_args = ServerArgs(
         model_path=args.model_path, max_total_tokens=args.max_total_tokens or needed_tokens(args),
@@ -220,7 +229,7 @@ def run(runner: Any, args: argparse.Namespace) -> dict[str, Any]:
     try:
         result["prefill"] = bench_prefill(drv, args.prefill_lens, args.repeats, args.warmup)
         result["decode"], result["skipped"], result["profiles"] = bench_decode(
-            drv, args.context_lens, args.batch_sizes, args.repeats, args.warmup, args.profile)
+            drv, args.context_lens, args.batch_sizes, decode_repeats(args), args.warmup, args.profile)
     finally:
         drv.release_all()
     if args.profile and runner.cpu_graph_runner is not None:

@@ -86,7 +86,9 @@ def one_batch_args(fmt: str, args: argparse.Namespace) -> argparse.Namespace:
     ns.kv_cache_dtype = args.kv_cache_dtype
     ns.prefill_lens, ns.batch_sizes = [args.prompt_len], [1]
     ns.context_lens = [args.context_len, *_contexts(args)]
-    ns.repeats, ns.warmup = args.repeats, 2
+    # the decode figure is a median of 64 steps (one step is a few ms: three swung 0.8-1.2x on a shared VM, where
+    # llama-bench's tg128 averages 128 tokens a run)
+    ns.repeats, ns.warmup, ns.decode_repeats = args.repeats, 2, max(64, args.repeats)
     ns.roofline_rows, ns.roofline_min_time = [1, 512], 0.1
     return ns
 

@@ -81,3 +81,18 @@ def test_speculative_bench_runs_and_checks_identity(capsys) -> None:
     assert "speedup" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         speculative.main(["--max-new-tokens", "0"])
+
+
+def test_peer_decode_figure_is_a_median_of_many_steps() -> None:
+    """One batch-1 step is a few ms: bench peer's decode figure is the median of 64 (three swung 0.8-1.2x on a shared
+    VM); --decode-repeats is bounded, 0 meaning --repeats."""
+    from radixserve.bench import one_batch
+
+    ns = peer.one_batch_args("auto", peer.build_parser().parse_args(["--llama-bench", "x", "--repeats", "3"]))
+    assert one_batch.decode_repeats(ns) == 64 and ns.repeats == 3
+    ns = one_batch.build_parser().parse_args(["--repeats", "5"])
+    assert one_batch.decode_repeats(ns) == 5
+    for absurd in (-1, 10**9):
+        ns.decode_repeats = absurd
+        with pytest.raises(ValueError, match="--decode-repeats"):
+            one_batch.decode_repeats(ns)
