@@ -54,6 +54,10 @@ inline void amx_configure(int kc) {
   for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;
   for (int t = 4; t < 6; ++t) c.rows[t] = 16, c.colsb[t] = static_cast<uint16_t>(kc);
   for (int t = 6; t < 8; ++t) c.rows[t] = static_cast<uint8_t>(kc / 4), c.colsb[t] = 64;
+  // GCC 12 does not see ldtilecfg read the whole 64 bytes: out of line, this function kept only the palette
+  // byte's store and dropped the rows and columns, so the first tile op raised SIGILL. The barrier makes every
+  // store to c land before the load.
+  asm volatile("" : : "r"(&c) : "memory");
   _tile_loadconfig(&c);
 }
 
