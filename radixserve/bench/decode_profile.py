@@ -19,9 +19,10 @@ less ZMQ and detokenisation), and each step's wall time is split by clocks alrea
 
 "Kernel" time is the phases + embed + lm head + sample; the rest is time outside kernels, which the issue
 wants under 10% of the step. Each GEMV also reports achieved bytes/s (its blocks' bytes over its time)
-and int8 ops/s. Every kernel opens one parallel region; `parallel_region_us` (an empty region over every
-thread, measured on the spot) times the regions per step estimates how much of the kernels' time is
-thread hand-offs.
+and int8 ops/s. The parallel regions radixserve's kernels open in a step are counted as they open (ops.h
+parallel_for; at one row the row-parallel norms, quantisation, RoPE and activation run inline, so mostly the
+GEMVs and the attention open them); `parallel_region_us` (an empty region over every thread, measured on the
+spot) times that count estimates how much of the kernels' time is thread hand-offs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from typing import Any
 import torch
 
 from radixserve.bench.common import print_table
+from radixserve.bench.model_cost import streamed_weight_bytes
+from radixserve.bench.roofline import measure_bandwidth
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
 from radixserve.managers.scheduler import Scheduler
 from radixserve.sampling.sampling_params import SamplingParams
@@ -71,6 +74,7 @@ def profile_batch1(runner: Any, context_len: int, steps: int = 64, warmup: int =
             sched.step()
         before = _totals(sched)
         replays0 = graph.replays
+        regions0 = stack.parallel_regions()
         stack.set_profile(True)
         for _ in range(steps):
             t0 = time.perf_counter()
@@ -79,21 +83,29 @@ def profile_batch1(runner: Any, context_len: int, steps: int = 64, warmup: int =
             schedule_s += sched.step_log.schedule_s
         phases = stack.profile().tolist()
         stack.set_profile(False)
+        regions = stack.parallel_regions() - regions0
         after = _totals(sched)
         replays = graph.replays - replays0
         region_ns = stack.parallel_region_ns(2000)
+        # the bound a GEMV can reach: a sum over a buffer the size of the step's weights, which a small model's
+        # weights let the last-level cache serve (a 1 GiB buffer would understate it)
+        weight_bytes = streamed_weight_bytes(runner.model, runner.dtype, runner.quant_ops is not None)
+        stream = measure_bandwidth(max(1, weight_bytes >> 20), min_s=0.2)["reduce_gb_per_s"]
     finally:
         while sched.has_work():
             sched.step()
         sched.flush_cache()
     if replays != steps:
         raise RuntimeError(f"profile_batch1: {replays} of {steps} steps ran the native stack (expected all)")
-    return split(walls, schedule_s, before, after, dict(zip(stack.profile_names(), phases, strict=True)),
-                 region_ns, context_len, torch.get_num_threads())
+    prof = split(walls, schedule_s, before, after, dict(zip(stack.profile_names(), phases, strict=True)),
+                 region_ns, regions, context_len, torch.get_num_threads())
+    prof.update(weight_bytes=weight_bytes, stream_gb_per_s=stream)
+    return prof
 
 
 def split(walls: list[float], schedule_s: float, before: dict[str, float], after: dict[str, float],
-          phases: dict[str, list[int]], region_ns: float, context_len: int, threads: int | None) -> dict[str, Any]:
+          phases: dict[str, list[int]], region_ns: float, regions: int, context_len: int,
+          threads: int | None) -> dict[str, Any]:
     """The mean step's parts in ms (each with its share of the step); pure arithmetic on the measured clocks."""
     n = len(walls)
     per = {k: (after[k] - before[k]) * 1e3 / n for k in after}  # ms per step
@@ -106,13 +118,11 @@ def split(walls: list[float], schedule_s: float, before: dict[str, float], after
 
     add("embed", per["embed_s"], "kernel")
     kernel_phases = 0.0
-    regions = 0
     for name, (ns, calls, nbytes, ops) in phases.items():
         if name == "stack_total" or calls == 0:
             continue
         ms = ns / 1e6 / n
         kernel_phases += ms
-        regions += calls
         extra: dict[str, Any] = {"calls_per_step": calls / n}
         if nbytes:
             extra["gb_per_s"] = nbytes / ns if ns else 0.0  # bytes per ns = GB/s
@@ -149,5 +159,9 @@ def report(prof: dict[str, Any]) -> None:
                       f"{prof['step_ms']:.3f} ms = {prof['tokens_per_s']:.1f} tok/s; kernels {prof['kernel_ms']:.3f} ms, "
                       f"outside kernels {prof['outside_ms']:.3f} ms ({prof['outside_pct']:.1f}%)")
     print(f"GEMVs: {prof['gemv_ms']:.3f} ms at {prof['gemv_gb_per_s']:.1f} GB/s; "
-          f"{prof['parallel_regions_per_step']:.0f} parallel regions a step x {prof['parallel_region_us']:.2f} us "
-          f"(an empty one) = ~{prof['handoff_ms_estimate']:.3f} ms of thread hand-offs inside the kernels")
+          f"{prof['parallel_regions_per_step']:.0f} parallel regions opened a step x {prof['parallel_region_us']:.2f} "
+          f"us (an empty one) = ~{prof['handoff_ms_estimate']:.3f} ms of thread hand-offs inside the kernels")
+    if "stream_gb_per_s" in prof:
+        print(f"streaming a buffer of the step's weight bytes ({prof['weight_bytes'] / 2**20:.0f} MiB): "
+              f"{prof['stream_gb_per_s']:.1f} GB/s; the GEMVs reach {prof['gemv_gb_per_s'] / prof['stream_gb_per_s']:.0%} "
+              "of it")

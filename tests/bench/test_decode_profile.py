@@ -5,6 +5,7 @@ it, each GEMV's bytes are its blocks' bytes, and the pools are left as found."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from radixserve.bench import decode_profile
 from radixserve.model_executor.cpu_graph_runner import _projections
@@ -33,6 +34,7 @@ def test_parts_add_up_to_the_step(prof):
         assert parts[name]["kind"] == "kernel" and parts[name]["ms"] > 0
     assert prof["outside_pct"] == pytest.approx(100.0 * prof["outside_ms"] / prof["step_ms"])
     assert prof["parallel_region_us"] > 0
+    assert prof["stream_gb_per_s"] > 0 and prof["weight_bytes"] > 0
 
 
 def test_each_kernel_family_counted_once_per_layer(prof, fast_runner):
@@ -42,6 +44,18 @@ def test_each_kernel_family_counted_once_per_layer(prof, fast_runner):
         assert calls[name] == layers, name
     assert calls["act_quant"] == 4 * layers  # before each of the four projections
     assert calls["rms_norm"] == 2 * layers + 1  # two a layer (pre-norm Llama) and the final norm
+
+
+def test_parallel_regions_are_those_opened(prof, fast_runner):
+    """At one row the row-parallel kernels run inline: a step opens a region for each layer's four GEMVs and its
+    attention (several kv heads), one for the LM head, and none at all on one thread."""
+    layers = len(fast_runner.model.model.layers)
+    if torch.get_num_threads() == 1:
+        assert prof["parallel_regions_per_step"] == 0
+    else:
+        assert prof["parallel_regions_per_step"] == 5 * layers + 1
+    assert prof["handoff_ms_estimate"] == pytest.approx(
+        prof["parallel_regions_per_step"] * prof["parallel_region_us"] / 1e3)
 
 
 def test_gemv_bytes_are_the_blocks_bytes(prof, fast_runner):

@@ -169,8 +169,12 @@ class DecodeStack : public torch::CustomClassHolder {
   }
   std::vector<std::string> profile_names() const { return {kPhaseNames.begin(), kPhaseNames.end()}; }
 
+  // Parallel regions every kernel of this library has opened since it loaded (ops.h parallel_for): the
+  // profile reads it before and after its steps.
+  int64_t parallel_regions() const { return radixserve::parallel_regions().load(); }
+
   // The cost of one empty parallel region over every thread (wake, run nothing, join), averaged over `iters`:
-  // each kernel above opens one, so the profile can say how much of a step is thread hand-offs.
+  // with parallel_regions() a step, the profile can say how much of it is thread hand-offs.
   double parallel_region_ns(int64_t iters) const {
     const int64_t n = at::get_num_threads();
     std::vector<int64_t> sink(static_cast<size_t>(std::max<int64_t>(n, 1)) * 16, 0);  // one cache line each
@@ -549,6 +553,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
       .def("profile", &radixserve::DecodeStack::profile)
       .def("profile_names", &radixserve::DecodeStack::profile_names)
       .def("parallel_region_ns", &radixserve::DecodeStack::parallel_region_ns)
+      .def("parallel_regions", &radixserve::DecodeStack::parallel_regions)
       .def("forward", &radixserve::DecodeStack::forward)
       .def("set_lora", &radixserve::DecodeStack::set_lora)
       .def("forward_lora", &radixserve::DecodeStack::forward_lora);

@@ -40,7 +40,7 @@ void fused_add_rms_norm_(at::Tensor& x, const c10::optional<at::Tensor>& residua
   float* xp = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   const float feps = static_cast<float>(eps);
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+  parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float* xr = xp + i * h;
       float* src = xr;
@@ -77,7 +77,7 @@ void rope_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_cac
   float* xp = x.data_ptr<float>();
   const float* cp = cos_cache.data_ptr<float>();
   const float* sp = sin_cache.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+  parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* c = cp + pp[i] * half;
       const float* s = sp + pp[i] * half;
@@ -104,7 +104,7 @@ void gated_and_mul(const char* op, const at::Tensor& x, at::Tensor& out, Act act
   const int64_t n = x.size(0), I = out.size(1);
   const float* xp = x.data_ptr<float>();
   float* outp = out.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+  parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* g = xp + i * 2 * I;
       const float* u = g + I;
@@ -197,7 +197,7 @@ at::Tensor greedy_argmax(const at::Tensor& logits) {
   at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
   const uint32_t* base = static_cast<const uint32_t*>(logits.data_ptr());
   int64_t* o = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 1, [&](int64_t a, int64_t b) {
+  parallel_for(0, rows, 1, [&](int64_t a, int64_t b) {
     for (int64_t r = a; r < b; ++r) o[r] = argmax_row(base + r * ld, n);
   });
   return out;

@@ -303,7 +303,7 @@ void extend_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   std::atomic<int64_t> next{0};
   const int64_t total = static_cast<int64_t>(items.size());
   auto work = [&](auto kp, auto vp) {
-    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
       Scratch w;
       for (int64_t j = next.fetch_add(1); j < total; j = next.fetch_add(1)) {
         const Item& it = items[j];

@@ -87,7 +87,7 @@ void for_each_item(const std::vector<Item>& items, const std::vector<int64_t>& s
     cost[i + 1] = cost[i] + (start[it.e + 1] - start[it.e]) * (it.g1 - it.g0);
   }
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
-  at::parallel_for(0, threads, 1, [&](int64_t ta, int64_t tb) {
+  parallel_for(0, threads, 1, [&](int64_t ta, int64_t tb) {
     for (int64_t t = ta; t < tb; ++t) {
       // items whose cost midpoint falls in this thread's share [t, t + 1) * total / threads
       const int64_t lo = cost[n] * t / threads, hi = cost[n] * (t + 1) / threads;
@@ -169,7 +169,7 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
   at::Tensor xs = at::empty({P, H}, x.options());
   const float* xp = x.data_ptr<float>();
   float* xsp = xs.data_ptr<float>();
-  at::parallel_for(0, P, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
+  parallel_for(0, P, std::max<int64_t>(1, 16384 / H), [&](int64_t a, int64_t b) {
     for (int64_t r = a; r < b; ++r) std::copy(xp + token[r] * H, xp + (token[r] + 1) * H, xsp + r * H);
   });
   // reused across calls; the worker threads read it through this reference (a lambda naming a
@@ -199,7 +199,7 @@ void fused_experts(const at::Tensor& x, const at::Tensor& topk_ids, const at::Te
   const float* wts = topk_weights.data_ptr<float>();
   const float* yp = y.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, T, std::max<int64_t>(1, 4096 / H), [&](int64_t ta, int64_t tb) {
+  parallel_for(0, T, std::max<int64_t>(1, 4096 / H), [&](int64_t ta, int64_t tb) {
     for (int64_t t = ta; t < tb; ++t) {
       float* o = op + t * H;
       for (int64_t j = 0; j < k; ++j) {

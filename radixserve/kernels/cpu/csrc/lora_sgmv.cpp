@@ -223,7 +223,7 @@ void sgmv(const at::Tensor& x, const int64_t* bl, int64_t S, const std::vector<s
   const float* xp = x.data_ptr<float>();
   // t[i, c] = A[c] . x[i] for c in the row's adapter's columns: work items are (adapter, up to kCols rank
   // columns), each A row read once for all rows of its adapter
-  at::parallel_for(0, n_items, 2, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, n_items, 2, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t c = item_c[it];
       over_tiles(rows[item_g[it]], [&](const int64_t* rp, auto tile) {
@@ -244,7 +244,7 @@ void sgmv(const at::Tensor& x, const int64_t* bl, int64_t S, const std::vector<s
   // [o0, o1): contiguous axpys over output rows (no horizontal sums), the chunk of Bt in cache for all rows of
   // its adapter; threads take disjoint output chunks, and each element's sum runs over c in order
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, n_out, 64, [&](int64_t o_lo, int64_t o_hi) {
+  parallel_for(0, n_out, 64, [&](int64_t o_lo, int64_t o_hi) {
     std::vector<float> tt;  // one tile's ranks, rank-major: tt[k * N + r] = t[row r, rank c0 + k]
     for (int64_t s = 0; s < S; ++s) {
       const int64_t* b = bl + 5 * s;

@@ -4,6 +4,15 @@
 // implemented in its family's file (or a new one, listed in loader.py's SOURCES).
 #include <torch/library.h>
 
+#include "ops.h"
+
+namespace radixserve {
+std::atomic<int64_t>& parallel_regions() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+}  // namespace radixserve
+
 TORCH_LIBRARY(radixserve_cpu, m) {
   // attention: window = the layer's sliding window (0 = global), softcap = its logit soft-cap (0 = none),
   // as RadixAttention.window_arg / cap_arg pass them (csrc/attn_common.h)

@@ -3,8 +3,27 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cstdint>
 
 namespace radixserve {
+
+// Every kernel shares work through this at::parallel_for, so that `bench one-batch --profile` can count the
+// parallel regions a step really opens (each wakes the pool and joins it). at::parallel_for opens one only
+// when its range holds more than one grain, and then a chunk always runs on pool thread 1; a range it runs
+// inline (one decode row through a row-parallel norm, or any call made inside a region) is not counted.
+std::atomic<int64_t>& parallel_regions();  // ops.cpp: regions opened since the library loaded
+
+template <typename F>
+inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  const bool outer = !at::in_parallel_region();
+  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) {
+    if (outer && at::get_thread_num() == 1) parallel_regions().fetch_add(1, std::memory_order_relaxed);
+    f(b, e);
+  });
+}
 
 // decoder_glue.cpp
 void fused_add_rms_norm_(at::Tensor& x, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,

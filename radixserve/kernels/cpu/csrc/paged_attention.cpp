@@ -395,7 +395,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // a split item's G rows: the max and sum of its chunk's exp(scores - max), and its unnormalised V sum
   std::vector<float> part_m(split ? items * G : 0), part_l(split ? items * G : 0), part_acc(split ? items * G * D : 0);
   with_kv(k, v, [&](auto kp, auto vp) {
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc, inv_sum, mx, sums, sg(G);
     // Attention of request b's kv head h over its keys idx[0 .. len): L query rows at positions len - L ..,
     // each seeing keys_of(its position, window). acc gets the unnormalised V sums, inv_sum (mx, sums) the
@@ -550,7 +550,7 @@ void paged_attention_varlen(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t nblocks = static_cast<int64_t>(blocks.size());
   const int64_t row = Hkv * D;  // floats per slot: all kv heads of one token
   with_kv(k, v, [&](auto kp, auto vp) {
-  at::parallel_for(0, nblocks * Hkv, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, nblocks * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf, acc(G * D), sg(G), inv(G);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = blocks[w / Hkv].first, i0 = blocks[w / Hkv].second, h = w % Hkv;

@@ -9,6 +9,7 @@
 // the 8 lanes of one register, and the per-block scales of the 8 rows are one vector: no scalar
 // scale products and no horizontal sums (the row-major kernel spent as long on those as on the
 // products). Measured on the 2-core AVX2 dev machine, one row of 3072 x 576 Q4_1: see the README.
+#include "ops.h"
 #include "quant_amx.h"
 #include "quant_linear.h"
 #include "quant_tiles.h"
@@ -278,7 +279,7 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int64_t ldx, Q8ActRo
 #endif
   // Rows are independent: a prefill's hundreds of rows split across the threads (a decode step's few
   // rows stay on one; the grain keeps each task at least ~16k elements).
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t ra, int64_t rb) {
+  parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t ra, int64_t rb) {
     for (int64_t r = ra; r < rb; ++r) {
       for (int64_t b = 0; b < nb; ++b) {
         int8_t* dst = a.q.data() + r * K + b * kQBlock;
@@ -311,7 +312,7 @@ void qgemm(const QMat& w, const Q8ActRows& a, const float* bias, float* out, int
 #endif
   for (int64_t r0 = 0; r0 < M; r0 += kRowChunk) {
     const int64_t r1 = std::min(M, r0 + kRowChunk);
-    at::parallel_for(0, w.G, 4, [&](int64_t g0, int64_t g1) { qgemm_block(w, a, bias, out, ldo, g0, g1, r0, r1); });
+    parallel_for(0, w.G, 4, [&](int64_t g0, int64_t g1) { qgemm_block(w, a, bias, out, ldo, g0, g1, r0, r1); });
   }
 }
 

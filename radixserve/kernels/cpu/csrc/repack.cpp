@@ -286,7 +286,7 @@ bool repack_legacy(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::T
   }
   uint8_t *dst = data.data_ptr<uint8_t>(), *dd = d.data_ptr<uint8_t>();
   uint8_t* mm = m.has_value() ? m->data_ptr<uint8_t>() : nullptr;
-  at::parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t gi = lo; gi < hi; ++gi) {
       for (int i = 0; i < kRows; ++i) {
         const uint8_t* row = src + (gi * kRows + i) * row_bytes;
@@ -338,7 +338,7 @@ bool repack_kquant_m16(const at::Tensor& raw, int64_t qtype, at::Tensor& data, a
   const uint8_t* src = raw.data_ptr<uint8_t>();
   if (!finite_scales(src, n, row_bytes, q4k)) return false;
   uint8_t *dst = data.data_ptr<uint8_t>(), *dd = d.data_ptr<uint8_t>(), *mm = m.data_ptr<uint8_t>();
-  at::parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t gi = lo; gi < hi; ++gi) {
       repack_m16_group(src + gi * kRows * row_bytes, q4k, row_bytes, nj, dst + gi * nj * 8 * 256, dd + gi * nj * 160,
                        mm + gi * nj * 160);
@@ -371,7 +371,7 @@ bool repack_kquant(const at::Tensor& raw, int64_t qtype, at::Tensor& data, at::T
   if (!finite_scales(src, n, row_bytes, qtype == kQ4K)) return false;
   uint8_t *dst = data.data_ptr<uint8_t>(), *dd = d.data_ptr<uint8_t>();
   uint8_t* mm = m.has_value() ? m->data_ptr<uint8_t>() : nullptr;
-  at::parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, g, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t gi = lo; gi < hi; ++gi) {
       const uint8_t* rows = src + gi * kRows * row_bytes;
       if (qtype == kQ4K) {
