@@ -144,8 +144,7 @@ inline void amx_pair_rows(const QMat& w, int64_t g, const std::vector<int8_t>& t
   constexpr int kBlocks = kUnits / S;    // blocks per batch
   const int64_t nb = w.K / kQBlock, K = w.K;
   const int8_t* x = a.q.data() + r0 * K;
-  const float* xd = a.d.data() + r0 * nb;
-  const float* xs = (S == 1 ? a.s.data() : a.s16.data()) + r0 * nb * S;
+  const TileRows<kAmxRows> rows(a, r0, K, kMin ? (S == 1 ? &a.s : &a.s16) : nullptr, S);  // scales and sums
   // Two buffers: a batch's sums are folded while the next batch's products run, so the float steps never wait
   // on the tile stores just issued (folded right after them, the step ran at the VNNI path's speed)
   alignas(64) int32_t sums[2][kUnits][kAmxRows * 16];
@@ -167,20 +166,13 @@ inline void amx_pair_rows(const QMat& w, int64_t g, const std::vector<int8_t>& t
     const int nblk = static_cast<int>(std::min<int64_t>(kBlocks, nb - b0));
     for (int j = 0; j < nblk; ++j) {
       const int64_t b = b0 + j;
-      for (int sg = 0; sg < S; ++sg) {
-        const __m512 d16 = scales16<S, kF>(w.d, nb, g, b, sg);
+      for (int sg = 0; sg < S; ++sg) {  // the register tiles' float steps, in their order
         const int32_t* s = sums[i & 1][j * S + sg];
-        for (int r = 0; r < kAmxRows; ++r)
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(s + 16 * r)),
-                                   _mm512_mul_ps(d16, _mm512_set1_ps(xd[r * nb + b])), acc[r]);
+        __m512i s32[kAmxRows];
+        for (int r = 0; r < kAmxRows; ++r) s32[r] = _mm512_load_si512(s + 16 * r);
+        scale_group2<kAmxRows>(scales16<S, kF>(w.d, nb, g, b, sg), s32, rows.d, b, acc);
       }
-      if (kMin) {
-        for (int sg = 0; sg < S; ++sg) {
-          const __m512 m16 = scales16<S, kF>(w.m, nb, g, b, sg);
-          for (int r = 0; r < kAmxRows; ++r)
-            acc[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(xs[r * nb * S + b * S + sg]), acc[r]);
-        }
-      }
+      if (kMin) min_group2<kAmxRows, S, kF>(w, nb, g, b, rows.s, acc);
     }
   }
 }
@@ -203,18 +195,8 @@ inline void amx_pair_kind(const QMat& w, int64_t g, const std::vector<int8_t>& t
 inline void amx_pair_store(const QMat& w, int64_t g, const std::vector<int8_t>& tiles, const Q8ActRows& a, int64_t r0,
                            const float* bias, float* out, int64_t ldo) {
   __m512 acc[kAmxRows];
-  switch (w.scales) {
-    case kScalesFlat: amx_pair_kind<kScalesFlat>(w, g, tiles, a, r0, acc); break;
-    case kScalesFactored: amx_pair_kind<kScalesFactored>(w, g, tiles, a, r0, acc); break;
-    default: amx_pair_kind<kScalesHalf>(w, g, tiles, a, r0, acc); break;
-  }
-  const int64_t n0 = g * kQRows, rows = std::min(2 * kQRows, w.N - n0);
-  const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
-  const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(keep, bias + n0) : _mm512_setzero_ps();
-  for (int r = 0; r < kAmxRows; ++r) {
-    const __m512 v = bias != nullptr ? _mm512_add_ps(acc[r], bv) : acc[r];
-    _mm512_mask_storeu_ps(out + (r0 + r) * ldo + n0, keep, v);
-  }
+  with_scale_layout(w, [&](auto kf) { amx_pair_kind<decltype(kf)::value>(w, g, tiles, a, r0, acc); });
+  store_pair_rows<kAmxRows>(w, g, acc, r0, bias, out, ldo);
 }
 
 }  // namespace radixserve

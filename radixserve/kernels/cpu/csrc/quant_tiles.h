@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -19,6 +20,17 @@ inline int32_t load_i32(const void* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+
+// f(std::integral_constant<int, layout>) for w's scale layout (kScalesFlat / kScalesFactored / kScalesHalf): every
+// tile kernel takes the layout as a compile-time argument, so its scale loads inline.
+template <typename F>
+inline void with_scale_layout(const QMat& w, F&& f) {
+  switch (w.scales) {
+    case kScalesFlat: f(std::integral_constant<int, kScalesFlat>{}); break;
+    case kScalesFactored: f(std::integral_constant<int, kScalesFactored>{}); break;
+    default: f(std::integral_constant<int, kScalesHalf>{}); break;
+  }
 }
 
 // Rows of activations are taken R at a time (R <= kTileRows): a block's weights are loaded (and, for
@@ -290,6 +302,16 @@ inline void scale_group2(__m512 d16, const __m512i* s32, const float* const* xd,
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r]), _mm512_mul_ps(d16, _mm512_set1_ps(xd[r][b])), acc[r]);
 }
 
+// The mins' term of block b on 16 lanes (kinds with mins): acc[r] += each scale group's mins x row r's activation
+// sum over that group (xs[r][b * S + sg])
+template <int R, int S, int kF>
+inline void min_group2(const QMat& w, int64_t nb, int64_t g, int64_t b, const float* const* xs, __m512* acc) {
+  for (int sg = 0; sg < S; ++sg) {
+    const __m512 m16 = scales16<S, kF>(w.m, nb, g, b, sg);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(xs[r][b * S + sg]), acc[r]);
+  }
+}
+
 // Signed weight quarters wq[0 .. kT) (8-bit kinds, Q6) against the R rows: vpdpbusd multiplies unsigned x
 // signed, and the ymm path's sign trick (|w| x sign(w) x) costs an instruction per row and quarter. Here the
 // activations are the unsigned side, as q + 128 (Q8ActRows::qu), and each row's sum starts at -128 sum(w),
@@ -325,12 +347,7 @@ inline void tile2_dot_q8(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
       signed_quarters2<R, kT>(wq, x.qu, b * kQBlock + 4 * sg * kT, s32);
       scale_group2<R>(scales16<S, kF>(w.d, nb, g, b, sg), s32, x.d, b, acc);
     }
-    if (kMin) {
-      for (int sg = 0; sg < S; ++sg) {
-        const __m512 m16 = scales16<S, kF>(w.m, nb, g, b, sg);
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(x.s[r][b * S + sg]), acc[r]);
-      }
-    }
+    if (kMin) min_group2<R, S, kF>(w, nb, g, b, x.s, acc);
   }
   for (int r = 0; r < R; ++r) out16[r] = acc[r];
 }
@@ -421,16 +438,11 @@ inline void tile2_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t
   }
 }
 
-// Groups g and g + 1 (g + 1 may be the last, partial group) for R activation rows from r0.
+// R rows from r0 of a pair of groups g, g + 1 (16 outputs a row in acc; g + 1 may be the last, partial group)
+// into out, plus the bias: the register tiles' and the AMX tiles' (quant_amx.h) one store.
 template <int R>
-inline void tile2_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, const float* bias, float* out,
-                        int64_t ldo) {
-  __m512 acc[R];
-  switch (w.scales) {
-    case kScalesFlat: tile2_dot_kind<R, kScalesFlat>(w, g, a, r0, acc); break;
-    case kScalesFactored: tile2_dot_kind<R, kScalesFactored>(w, g, a, r0, acc); break;
-    default: tile2_dot_kind<R, kScalesHalf>(w, g, a, r0, acc); break;
-  }
+inline void store_pair_rows(const QMat& w, int64_t g, const __m512* acc, int64_t r0, const float* bias, float* out,
+                            int64_t ldo) {
   const int64_t n0 = g * kQRows, rows = std::min(2 * kQRows, w.N - n0);
   const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
   const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(keep, bias + n0) : _mm512_setzero_ps();
@@ -438,6 +450,15 @@ inline void tile2_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
     const __m512 v = bias != nullptr ? _mm512_add_ps(acc[r], bv) : acc[r];
     _mm512_mask_storeu_ps(out + (r0 + r) * ldo + n0, keep, v);
   }
+}
+
+// Groups g and g + 1 (g + 1 may be the last, partial group) for R activation rows from r0.
+template <int R>
+inline void tile2_store(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, const float* bias, float* out,
+                        int64_t ldo) {
+  __m512 acc[R];
+  with_scale_layout(w, [&](auto kf) { tile2_dot_kind<R, decltype(kf)::value>(w, g, a, r0, acc); });
+  store_pair_rows<R>(w, g, acc, r0, bias, out, ldo);
 }
 #endif
 
@@ -456,11 +477,7 @@ inline void tile_dot_kind(const QMat& w, int64_t g, const Q8ActRows& a, int64_t 
 
 template <int R>
 inline void tile_dot(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0, __m256* out8) {
-  switch (w.scales) {
-    case kScalesFlat: tile_dot_kind<R, kScalesFlat>(w, g, a, r0, out8); break;
-    case kScalesFactored: tile_dot_kind<R, kScalesFactored>(w, g, a, r0, out8); break;
-    default: tile_dot_kind<R, kScalesHalf>(w, g, a, r0, out8); break;
-  }
+  with_scale_layout(w, [&](auto kf) { tile_dot_kind<R, decltype(kf)::value>(w, g, a, r0, out8); });
 }
 
 template <int R>
