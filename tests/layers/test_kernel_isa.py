@@ -186,3 +186,54 @@ def test_a_variant_the_compiler_cannot_build_falls_back_to_the_next(monkeypatch,
     monkeypatch.setenv(loader.ISA_ENV, runs[0])
     ops, reason, isa = loader._build_variant()
     assert ops is None and "unrecognized" in reason and tried == [runs[0]]
+
+
+def test_a_failed_variant_is_not_rebuilt_at_every_start(monkeypatch, tmp_path) -> None:
+    """A variant this compiler could not build is remembered in its build folder: the next start goes straight to
+    the next variant; another compiler, or forcing the variant, tries it again (and a success forgets it)."""
+    runs = [n for n in loader.ISA_NAMES if not loader.missing_features(n)]
+    if len(runs) < 2:
+        pytest.skip("this CPU runs one variant only")
+    tried: list[str] = []
+    broken = {runs[0]}
+
+    def fake_load(cpp_extension, isa, flags, folder) -> None:
+        tried.append(isa)
+        if isa in broken:
+            raise RuntimeError(f"c++: error: unrecognized command-line option for {isa}")
+
+    monkeypatch.setenv("RADIXSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv(loader.ISA_ENV, raising=False)
+    monkeypatch.setattr(loader, "_load", fake_load)
+    monkeypatch.setattr(loader, "_compiler_id", lambda: "g++ (Debian 10.2.1) 10.2.1")
+    assert loader._build_variant()[2] == runs[1] and tried == runs[:2]
+    tried.clear()
+    _, reason, isa = loader._build_variant()
+    assert (isa, reason, tried) == (runs[1], "", [runs[1]])
+    monkeypatch.setattr(loader, "_compiler_id", lambda: "g++ (Debian 12.2.0) 12.2.0")  # a new compiler
+    tried.clear()
+    broken.clear()
+    assert loader._build_variant()[2] == runs[0] and tried == [runs[0]]
+    # back to the compiler that failed: still remembered; forced, it builds, and the mark is gone for later starts
+    monkeypatch.setattr(loader, "_compiler_id", lambda: "g++ (Debian 10.2.1) 10.2.1")
+    tried.clear()
+    assert loader._build_variant()[2] == runs[1] and tried == [runs[1]]
+    monkeypatch.setenv(loader.ISA_ENV, runs[0])
+    assert loader._build_variant()[2] == runs[0]
+    monkeypatch.delenv(loader.ISA_ENV)
+    tried.clear()
+    assert loader._build_variant()[2] == runs[0] and tried == [runs[0]]
+
+
+def test_a_failure_mark_that_cannot_be_read_or_written_is_harmless(monkeypatch, tmp_path) -> None:
+    """A cache where the mark cannot be written just tries again next start; a mark with no newline (truncated)
+    names no compiler and is ignored."""
+    folder = tmp_path / "v"
+    folder.mkdir()
+    (folder / loader._FAILED).write_text("truncated")
+    assert loader._failed_before(str(folder), "g++ 12") is None
+    assert loader._failed_before(str(tmp_path / "absent"), "g++ 12") is None
+    blocked = tmp_path / "a-file"  # a folder that cannot be made (as root, a read-only mode would not stop it)
+    blocked.write_text("x")
+    loader._remember_failure(str(blocked / "amx-0"), "g++ 12", "boom")
+    assert blocked.read_text() == "x"

@@ -157,22 +157,65 @@ def _build_variant() -> tuple[Any | None, str, str]:
     forced = bool(os.environ.get(ISA_ENV, "").strip())
     candidates = [isa] if forced else [n for n in ISA_NAMES[ISA_NAMES.index(isa):] if not missing_features(n)]
     reason = ""
+    compiler = _compiler_id()
     for name in candidates:
         flags = next(f for n, _, f in ISAS if n == name)
+        folder = build_dir(name)
+        failed = None if forced else _failed_before(folder, compiler)
+        if failed is not None:  # this compiler failed these sources before: a minute of compiling saved a start
+            reason = reason or failed
+            continue
         try:
             from torch.utils import cpp_extension  # lazy: torch's build helpers, only when kernels are built
 
-            folder = build_dir(name)
             os.makedirs(folder, exist_ok=True)
             with _build_lock(folder):
                 _load(cpp_extension, name, flags, folder)
+            if forced and os.path.exists(os.path.join(folder, _FAILED)):  # built after all: trust it again
+                os.remove(os.path.join(folder, _FAILED))
             if reason:
                 logger.warning("C++ CPU kernels: the %s variant did not build (%s); using %s", isa,
                                reason.splitlines()[0][:200], name)
             return torch.ops.radixserve_cpu, "", name
         except Exception as exc:  # noqa: BLE001  # no compiler, no ninja, a failed build: all mean "fall back"
-            reason = reason or f"{type(exc).__name__}: {exc}"  # without a compiler each try fails at once
+            why = f"{type(exc).__name__}: {exc}"
+            reason = reason or why  # without a compiler each try fails at once
+            if not forced:
+                _remember_failure(folder, compiler, why)
     return None, reason, isa
+
+
+_FAILED = ".radixserve-build-failed"  # in a variant's build folder: "<compiler id>\n<reason>"
+
+
+def _compiler_id() -> str:
+    """The C++ compiler's version line ("" without one): a failed build is remembered for that compiler only, so
+    a new compiler (or one installed since) tries again."""
+    try:
+        out = subprocess.run([os.environ.get("CXX", "c++"), "--version"], check=False, capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.splitlines()[0].strip() if out.strip() else ""
+
+
+def _failed_before(folder: str, compiler: str) -> str | None:
+    """The reason this compiler could not build the variant in `folder` (its sources and torch), if it tried."""
+    try:
+        with open(os.path.join(folder, _FAILED)) as f:
+            who, _, why = f.read().partition("\n")
+    except OSError:
+        return None
+    return f"{why} (remembered in {folder}; {ISA_ENV}=<variant> forces a rebuild)" if who == compiler else None
+
+
+def _remember_failure(folder: str, compiler: str, why: str) -> None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, _FAILED), "w") as f:
+            f.write(f"{compiler}\n{why[:4000]}")
+    except OSError:
+        pass  # a read-only cache: the next start tries again, as before
 
 
 @contextmanager
