@@ -339,6 +339,7 @@ class Scheduler:
 
     def _process_one(self, batch: ScheduleBatch, i: int, req: Req, next_id: int, sample, in_logprobs,
                      prefilled) -> None:
+        replayed = req.replaying  # this step rebuilt KV of a token the request already has: its sample is dropped
         req.kv_len = batch.seq_lens[i]
         if in_logprobs is not None and in_logprobs[i] is not None:
             req.input_token_logprobs.extend(in_logprobs[i])
@@ -347,8 +348,8 @@ class Scheduler:
         if req.is_chunked:
             self.tree_cache.cache_unfinished_req(req)
             return
-        if req.replay and req.kv_len < req.seqlen:
-            return  # rebuilding a retracted request's KV: the token this step sampled is one it already has
+        if replayed:
+            return
         if req.sampling_params.max_new_tokens == 0:
             # a prompt-only request: the distribution after its prompt is all it reads (token_ids_logprob)
             self.output_processor.add_token_ids_logprobs(req, sample, i)
