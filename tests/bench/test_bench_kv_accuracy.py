@@ -17,8 +17,21 @@ def test_a_short_run_reports_the_int8_drift(tmp_path) -> None:
     assert json.loads(out.read_text())["rows"][0]["KV"] == "int8 (q8_0) vs bf16"
 
 
+def test_a_float32_reference(tmp_path) -> None:
+    """--reference float32: the drift of bf16 itself from a float32 cache, on the same footing as int8's."""
+    res = kv_accuracy.main(["--prompts", "1", "--positions", "16", "--reference", "float32", "--kv-dtype", "bfloat16"])
+    assert res["positions"] == 16 and res["rows"][0]["KV"] == "bf16 vs float32" and res["mean_abs_dlogprob"] > 0
+
+
 @pytest.mark.parametrize("args, flag", [(["--prompts", "0"], "--prompts"), (["--prompts", "999"], "--prompts"),
-                                        (["--positions", "0"], "--positions"), (["--positions", "1000000000"], "--positions")])
+                                        (["--positions", "0"], "--positions"), (["--positions", "1000000000"], "--positions"),
+                                        (["--kv-dtype", "bfloat16"], "--kv-dtype bfloat16 is the reference")])
 def test_bad_arguments_are_refused_by_flag(args, flag) -> None:
     with pytest.raises(SystemExit, match=flag):
         kv_accuracy.main(args)
+
+
+def test_an_unknown_reference_is_refused_naming_the_flag(capsys) -> None:
+    with pytest.raises(SystemExit):
+        kv_accuracy.main(["--reference", "int4"])
+    assert "--reference" in capsys.readouterr().err
