@@ -74,30 +74,23 @@ inline void unpack_quarters(const QMat& w, int64_t g, int64_t b, __m256i* q) {
       const uint8_t* wb = static_cast<const uint8_t*>(w.data) + (g * nb + b) * bytes;
       const __m256i bit4 = _mm256_set1_epi8(0x10);
       const __m256i hb = q5 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128)) : _mm256_setzero_si256();
-      for (int t = 0; t < 4; ++t) {  // nibble quarter t: elements 8t + c (low), 8t + 4 + c (high)
+      for (int t = 0; t < 4; ++t) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-        __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        if (q5) {  // as tile_dot_q4
-          const __m256i h = _mm256_srli_epi16(hb, 2 * t);
-          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
+        if (q5) {
+          nibble_quarters<true>(v, hb, t, mask, bit4, q[2 * t], q[2 * t + 1]);
+        } else {
+          nibble_quarters<false>(v, hb, t, mask, bit4, q[2 * t], q[2 * t + 1]);
         }
-        q[2 * t] = lo, q[2 * t + 1] = hi;
       }
       return;
     }
-    case QKind::Q6: {  // as tile_dot_q6
+    case QKind::Q6: {
       const uint8_t* wb = static_cast<const uint8_t*>(w.data) + (g * nb + b) * 192;
       const __m256i top = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
       for (int t = 0; t < 4; ++t) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-        const __m256i hp = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128 + 32 * (t / 2)));
-        const __m256i h = _mm256_srli_epi16(hp, 4 * (t & 1));
-        q[2 * t] = _mm256_sub_epi8(
-            _mm256_or_si256(_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_slli_epi16(h, 4), top)), off);
-        q[2 * t + 1] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
-                                                       _mm256_and_si256(_mm256_slli_epi16(h, 2), top)),
-                                       off);
+        q6_quarters(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32)),
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128 + 32 * (t / 2))), t, mask, top, off,
+                    q[2 * t], q[2 * t + 1]);
       }
       return;
     }

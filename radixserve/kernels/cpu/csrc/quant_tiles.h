@@ -68,6 +68,45 @@ inline void prefetch_block(const void* p) {
   for (int64_t o = 0; o < kBytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
 }
 
+// The 4-bit kinds' and Q6's unpacking to 8-bit quarters, written once for 256-bit and (RS_VNNI) 512-bit registers:
+// the ymm tiles, the zmm pair tiles and the AMX tiles' unpacking (quant_amx.h) run the same instructions on the
+// same bytes, so their integer sums agree. The 16-bit shifts carry bits across a lane's two bytes only where the
+// masks clear them.
+inline __m256i v_and(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
+inline __m256i v_or(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
+inline __m256i v_sub8(__m256i a, __m256i b) { return _mm256_sub_epi8(a, b); }
+inline __m256i v_srl16(__m256i a, int n) { return _mm256_srli_epi16(a, n); }
+inline __m256i v_sll16(__m256i a, int n) { return _mm256_slli_epi16(a, n); }
+#ifdef RS_VNNI
+inline __m512i v_and(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
+inline __m512i v_or(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
+inline __m512i v_sub8(__m512i a, __m512i b) { return _mm512_sub_epi8(a, b); }
+inline __m512i v_srl16(__m512i a, int n) { return _mm512_srli_epi16(a, n); }
+inline __m512i v_sll16(__m512i a, int n) { return _mm512_slli_epi16(a, n); }
+#endif
+
+// Nibble quarter t of a Q4_1 / Q5 block (v: its 32 bytes; hb: a Q5 block's fifth-bit bytes) as the 8-bit
+// layout's quarters 2t (low nibbles: elements 8t + c) and 2t + 1 (high: 8t + 4 + c), unsigned (Q5: 0..31).
+// Q5 moves bits 2t (the low nibble's element) and 2t + 1 (the high's) of each fifth-bit byte to bit 4.
+template <bool kQ5, typename V>
+inline void nibble_quarters(V v, V hb, int t, V mask, V bit4, V& lo, V& hi) {
+  lo = v_and(v, mask), hi = v_and(v_srl16(v, 4), mask);
+  if (kQ5) {
+    const V h = v_srl16(hb, 2 * t);
+    lo = v_or(lo, v_and(v_sll16(h, 4), bit4));
+    hi = v_or(hi, v_and(v_sll16(h, 3), bit4));
+  }
+}
+
+// Q6 nibble quarter t (v: its 32 bytes; hp: the top-bit bytes of its scale group, t / 2) as the 8-bit layout's
+// quarters 2t and 2t + 1, signed -32..31.
+template <typename V>
+inline void q6_quarters(V v, V hp, int t, V mask, V top, V off, V& lo, V& hi) {
+  const V h = v_srl16(hp, 4 * (t & 1));
+  lo = v_sub8(v_or(v_and(v, mask), v_and(v_sll16(h, 4), top)), off);
+  hi = v_sub8(v_or(v_and(v_srl16(v, 4), mask), v_and(v_sll16(h, 2), top)), off);
+}
+
 // The 8 rows' scales (or mins) of scale group sg of block b in group g: one load (flat float32 or float16),
 // or super * sub of the factored record (quant_linear.h). The empty asm makes the product an opaque value: -ffast-math
 // may not fold it into the products that follow, so a factored weight computes the flat one's bits.
@@ -193,15 +232,9 @@ inline void tile_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
 #endif
       for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
       for (int t = 0; t < 4; ++t) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-        __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        if (kQ5) {
-          // bits 2t (low nibble's element) and 2t + 1 (high's) of each fifth-bit byte to bit 4; the
-          // 16-bit shifts carry bits across the two bytes of a lane only where the mask clears them
-          const __m256i h = _mm256_srli_epi16(hb, 2 * t);
-          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));
-        }
+        __m256i lo, hi;
+        nibble_quarters<kQ5>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32)), hb, t, mask, bit4,
+                             lo, hi);
         for (int r = 0; r < R; ++r) {
           const int8_t* xb = x.q[r] + b * kQBlock + 8 * t;
           // nibbles are unsigned: a pair sum is at most 2 * 15 * 127 = 3810, so the 8 of a block
@@ -260,16 +293,10 @@ inline void tile_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r0
       __m256i s32[R];
       for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
       for (int t = 2 * sg; t < 2 * sg + 2; ++t) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-        // the 16-bit shifts carry bits across a lane's two bytes only where the masks clear them
-        const __m256i h = _mm256_srli_epi16(hp, 4 * (t & 1));
-        // the 8-bit layout's quarters 2t and 2t + 1: low nibbles, then high
-        q8_quarter<R>(_mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v, mask),
-                                                      _mm256_and_si256(_mm256_slli_epi16(h, 4), top)), off),
-                      x.q, b * kQBlock + 8 * t, s32);
-        q8_quarter<R>(_mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
-                                                      _mm256_and_si256(_mm256_slli_epi16(h, 2), top)), off),
-                      x.q, b * kQBlock + 8 * t + 4, s32);
+        __m256i lo, hi;  // the 8-bit layout's quarters 2t and 2t + 1: low nibbles, then high
+        q6_quarters(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + t * 32)), hp, t, mask, top, off, lo, hi);
+        q8_quarter<R>(lo, x.q, b * kQBlock + 8 * t, s32);
+        q8_quarter<R>(hi, x.q, b * kQBlock + 8 * t + 4, s32);
       }
       scale_group<R>(scales8<2, kF>(w.d, nb, g, b, sg), s32, x.d, b, acc);
     }
@@ -370,13 +397,8 @@ inline void tile2_dot_q4(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
     __m512i p[R];
     for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) {
-      const __m512i v = load_pair(wb0 + t * 32, wb1 + t * 32);
-      __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-      if (kQ5) {  // as tile_dot_q4
-        const __m512i h = _mm512_srli_epi16(hb, 2 * t);
-        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
-        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
-      }
+      __m512i lo, hi;
+      nibble_quarters<kQ5>(load_pair(wb0 + t * 32, wb1 + t * 32), hb, t, mask, bit4, lo, hi);
       for (int r = 0; r < R; ++r) {
         const int8_t* xb = x.q[r] + b * kQBlock + 8 * t;
         p[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p[r], lo, _mm512_set1_epi32(load_i32(xb))), hi,
@@ -410,13 +432,7 @@ inline void tile2_dot_q6(const QMat& w, int64_t g, const Q8ActRows& a, int64_t r
       __m512i wq[4], s32[R];
       for (int u = 0; u < 2; ++u) {  // nibble quarter t = 2 sg + u: the 8-bit layout's quarters 2t, 2t + 1
         const int t = 2 * sg + u;
-        const __m512i v = load_pair(wb0 + t * 32, wb1 + t * 32);
-        const __m512i h = _mm512_srli_epi16(hp, 4 * u);
-        wq[2 * u] = _mm512_sub_epi8(
-            _mm512_or_si512(_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_slli_epi16(h, 4), top)), off);
-        wq[2 * u + 1] = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
-                                                        _mm512_and_si512(_mm512_slli_epi16(h, 2), top)),
-                                        off);
+        q6_quarters(load_pair(wb0 + t * 32, wb1 + t * 32), hp, t, mask, top, off, wq[2 * u], wq[2 * u + 1]);
       }
       signed_quarters2<R, 4>(wq, x.qu, b * kQBlock + 16 * sg, s32);
       scale_group2<R>(scales16<2, kF>(w.d, nb, g, b, sg), s32, x.d, b, acc);
