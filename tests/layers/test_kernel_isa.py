@@ -227,12 +227,14 @@ def test_a_failed_variant_is_not_rebuilt_at_every_start(monkeypatch, tmp_path) -
 
 def test_a_failure_mark_that_cannot_be_read_or_written_is_harmless(monkeypatch, tmp_path) -> None:
     """A cache where the mark cannot be written just tries again next start; a mark with no newline (truncated)
-    names no compiler and is ignored."""
+    names no compiler, and one that is not text is ignored too."""
     folder = tmp_path / "v"
     folder.mkdir()
     (folder / loader._FAILED).write_text("truncated")
     assert loader._failed_before(str(folder), "g++ 12") is None
     assert loader._failed_before(str(tmp_path / "absent"), "g++ 12") is None
+    (folder / loader._FAILED).write_bytes(b"\xff\xfe g++ 12\n\x80 not text")  # garbage: ignored, not a crash
+    assert loader._failed_before(str(folder), "g++ 12") is None
     blocked = tmp_path / "a-file"  # a folder that cannot be made (as root, a read-only mode would not stop it)
     blocked.write_text("x")
     loader._remember_failure(str(blocked / "amx-0"), "g++ 12", "boom")

@@ -202,9 +202,9 @@ def _compiler_id() -> str:
 def _failed_before(folder: str, compiler: str) -> str | None:
     """The reason this compiler could not build the variant in `folder` (its sources and torch), if it tried."""
     try:
-        with open(os.path.join(folder, _FAILED)) as f:
-            who, _, why = f.read().partition("\n")
-    except OSError:
+        with open(os.path.join(folder, _FAILED), encoding="utf-8") as f:
+            who, _, why = f.read(8192).partition("\n")
+    except (OSError, UnicodeDecodeError):  # unreadable or garbage: as if absent (a build just tries again)
         return None
     return f"{why} (remembered in {folder}; {ISA_ENV}=<variant> forces a rebuild)" if who == compiler else None
 
