@@ -7,6 +7,7 @@ LogitsProcessor all-gathers. The vocabulary is padded up to a multiple of tp_siz
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import gguf
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed.parallel_state import ParallelState
+from radixserve.layers.cpu_kernel_layer import CpuKernelLayer
 from radixserve.layers.kernel_mode import step_kernels
 from radixserve.layers.linear import PackableLinear
 
@@ -33,7 +35,7 @@ def _q8_0_rows(rows: np.ndarray) -> np.ndarray:
     return (q * d).reshape(rows.shape[0], -1)
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(CpuKernelLayer):
     """The token embedding: float rows, or (map_blocks) the GGUF file's own block rows, read in place from the
     mapped file and dequantised per looked-up token. A quantised 8B model's embedding is 2 GiB as float32 and
     ~0.3 GiB in its file: the mapped rows cost no anonymous memory at all (their pages are the page cache's,
@@ -66,11 +68,14 @@ class VocabParallelEmbedding(nn.Module):
         self.blocks = raw[self.start : self.start + self.rows_per_rank]
         self.blocks_qtype = gguf.GGMLQuantizationType[qtype]
         self.weight = None
+        self._blocks_t: torch.Tensor | None = None  # the same bytes as a tensor, for the C++ lookup
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.blocks is None:
             assert self.weight is not None
             return F.embedding(ids, self.weight)
+        if self.blocks_qtype == gguf.GGMLQuantizationType.Q8_0 and self.cpu_ops is not None and ids.device.type == "cpu":
+            return self._lookup_q8_0_native(ids)
         flat = ids.reshape(-1).cpu().numpy()
         rows = self.blocks[flat]
         if self.blocks_qtype == gguf.GGMLQuantizationType.Q8_0:
@@ -78,6 +83,17 @@ class VocabParallelEmbedding(nn.Module):
         else:  # gguf's reference dequantisation of just these rows: the same float32 values as the whole tensor's
             values = gguf.quants.dequantize(rows, self.blocks_qtype).astype(np.float32, copy=False)
         return torch.from_numpy(np.ascontiguousarray(values)).view(*ids.shape, self.hidden_size).to(ids.device)
+
+    def _lookup_q8_0_native(self, ids: torch.Tensor) -> torch.Tensor:
+        """_q8_0_rows' values through the C++ kernel (embedding_q8_0), the mapped bytes read in place."""
+        if self._blocks_t is None:
+            with warnings.catch_warnings():  # the mapped file is read-only, and the kernel only reads it
+                warnings.simplefilter("ignore", UserWarning)
+                self._blocks_t = torch.from_numpy(np.ascontiguousarray(self.blocks))
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(flat.shape[0], self.hidden_size)
+        self.cpu_ops.embedding_q8_0(self._blocks_t, flat, out)
+        return out.view(*ids.shape, self.hidden_size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.ps.tp_size == 1:

@@ -1,5 +1,6 @@
 // The decoder layer's glue on CPU (float32): fused residual-add + RMSNorm, RoPE in place, SiLU- and
-// GELU-tanh-and-mul; and the greedy sampler's argmax over each row of logits.
+// GELU-tanh-and-mul; the greedy sampler's argmax over each row of logits; and the embedding lookup of a GGUF
+// Q8_0 token table read in place.
 // Op schemas: ops.cpp; built per CPU ISA by radixserve/kernels/cpu/loader.py.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -13,6 +14,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "ops.h"
 
@@ -203,9 +205,44 @@ at::Tensor greedy_argmax(const at::Tensor& logits) {
   return out;
 }
 
+// The rows `ids` of a Q8_0 table (blocks uint8 [rows, K / 32 * 34]: a float16 scale, 32 int8 values a block; the
+// GGUF file's bytes, mapped) as float32 [n, K]: scale x value, exact in float32 (11 x 7 significant bits), so the
+// values are gguf's reference dequantisation's. The numpy path cost ~0.05 ms a batch-1 decode step.
+void embedding_q8_0(const at::Tensor& blocks, const at::Tensor& ids, at::Tensor& out) {
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
+                  blocks.size(1) > 0 && blocks.size(1) % 34 == 0,
+              "embedding_q8_0: blocks must be uint8 [rows, K / 32 * 34], contiguous");
+  const int64_t rows = blocks.size(0), row_bytes = blocks.size(1), nblk = row_bytes / 34, K = nblk * 32;
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
+              "embedding_q8_0: ids must be int64 [n], contiguous");
+  const int64_t n = ids.size(0);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == n &&
+                  out.size(1) == K,
+              "embedding_q8_0: out must be float32 [", n, ", ", K, "], contiguous");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < rows, "embedding_q8_0: token id ", id[i], " outside the table's ", rows, " rows");
+  }
+  const uint8_t* base = blocks.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* row = base + id[i] * row_bytes;
+    for (int64_t b = 0; b < nblk; ++b) {
+      const uint8_t* blk = row + b * 34;
+      uint16_t h;
+      std::memcpy(&h, blk, sizeof(h));
+      const float d = static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+      const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+      float* dst = o + i * K + b * 32;
+      for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(q[j]) * d;
+    }
+  }
+}
+
 }  // namespace radixserve
 
 TORCH_LIBRARY_IMPL(radixserve_cpu, CPU, m) {
+  m.impl("embedding_q8_0", &radixserve::embedding_q8_0);
   m.impl("greedy_argmax", &radixserve::greedy_argmax);
   m.impl("fused_add_rms_norm_", &radixserve::fused_add_rms_norm_);
   m.impl("rope_", &radixserve::rope_);

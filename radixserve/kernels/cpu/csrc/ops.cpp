@@ -30,6 +30,8 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!) out) -> ()");
   // the greedy sampler: torch.argmax(logits, -1) of float32 [rows, vocab] (decoder_glue.cpp)
   m.def("greedy_argmax(Tensor logits) -> Tensor");
+  // the rows `ids` of a GGUF Q8_0 token table (uint8 [rows, K / 32 * 34], the mapped file's bytes) as float32 [n, K]
+  m.def("embedding_q8_0(Tensor blocks, Tensor ids, Tensor(a!) out) -> ()");
   // LoRA deltas of one projection, each row with its own adapter (lora_sgmv.cpp; layout: lora/lora_dense.py)
   m.def("lora_sgmv(Tensor x, Tensor row_group, Tensor A, Tensor Bt, Tensor blocks, Tensor(a!) out) -> ()");
   // a MoE layer's routed experts on their stacked low-bit blocks ([experts, ...] per projection, kinds as

@@ -31,6 +31,7 @@ void fused_add_rms_norm_(at::Tensor& x, const c10::optional<at::Tensor>& residua
 void rope_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_cache, const at::Tensor& sin_cache);
 void silu_and_mul(const at::Tensor& x, at::Tensor& out);
 void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor& out);
+void embedding_q8_0(const at::Tensor& blocks, const at::Tensor& ids, at::Tensor& out);
 
 // paged_attention.cpp. window (0 = global) and softcap (0 = none): attn_common.h
 void paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_idx,
