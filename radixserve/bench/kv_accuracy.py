@@ -13,6 +13,7 @@ bf16 itself is from it): on a model whose greedy text is full of near-ties, the 
 is part of any drift measured against it.
 
     radixserve bench kv-accuracy [--model-path FILE] [--prompts 2] [--positions 480] [--reference float32]
+                                 [--lossless-row] [--llama-server PATH]
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "from it)")
     p.add_argument("--reference", default="bfloat16", choices=["bfloat16", "float32"],
                    help="the reference run's KV dtype (llama.cpp's row stays q8_0 against its f16)")
+    p.add_argument("--lossless-row", action="store_true",
+                   help="also a float32 cache against the same bf16 reference: the agreement a cache with no rounding "
+                   "of its own reaches on this text (the ceiling of any 8-bit cache's)")
     p.add_argument("--llama-server", default=None, help="llama.cpp's llama-server: its q8_0-KV drift from its f16 "
                    "KV on the same file and tokens, same run")
     p.add_argument("--threads", type=int, default=2, help="llama-server's threads")
@@ -76,6 +80,23 @@ def llama_row(binary: str, gguf: str, threads: int, prompts: list[list[int]], to
             "mean |Δ logprob|": round(sum(d) / max(1, len(d)), 5), "max |Δ logprob|": round(max(d, default=0.0), 4)}
 
 
+def _compare(runner: Any, kv_dtype: str, reference: str, prompts: list[list[int]],
+             traces: list[tuple[list[int], list[torch.Tensor]]], positions: int) -> tuple[dict, int, torch.Tensor]:
+    """`runner` (KV in `kv_dtype`) teacher-forced on the reference's tokens: its table row, agreements and |Δ|s."""
+    agree, deltas = 0, []
+    for p, (tokens, ref_lp) in zip(prompts, traces):
+        _, lp = _trace(runner, p, tokens, positions)
+        for t, x, y in zip(tokens, ref_lp, lp):
+            agree += int(int(y.argmax()) == t)
+            deltas.append(abs(float(y[t]) - float(x[t])))
+    d = torch.tensor(deltas)
+    names = {"int8": "int8 (q8_0)", "bfloat16": "bf16"}
+    row = {"KV": f"{names.get(kv_dtype, kv_dtype)} vs {names.get(reference, reference)}", "positions": len(deltas),
+           "top-1 agreement": round(agree / len(deltas), 4),
+           "mean |Δ logprob|": round(float(d.mean()), 5), "max |Δ logprob|": round(float(d.max()), 4)}
+    return row, agree, d
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = build_parser().parse_args(argv)
     if not 1 <= a.prompts <= len(PROMPTS):
@@ -84,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--positions must be in [1, 4000], got {a.positions}")
     if a.kv_dtype == a.reference:
         raise SystemExit(f"--kv-dtype {a.kv_dtype} is the reference's own dtype: nothing to compare")
+    if a.lossless_row and "float32" in (a.kv_dtype, a.reference):
+        raise SystemExit("--lossless-row adds a float32 cache against the bf16 reference: not beside a float32 one")
     from radixserve.model_loader import get_tokenizer  # lazy: as above
 
     ref = _runner(a.model_path, a.quantization, None, kv_cache_dtype=a.reference, max_total_tokens=4200)
@@ -92,19 +115,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     traces = [_trace(ref, p, None, a.positions) for p in prompts]
     del ref
     q8 = _runner(a.model_path, a.quantization, None, kv_cache_dtype=a.kv_dtype, max_total_tokens=4200)
-    agree, deltas = 0, []
-    for p, (tokens, ref_lp) in zip(prompts, traces):
-        _, lp = _trace(q8, p, tokens, a.positions)
-        for t, x, y in zip(tokens, ref_lp, lp):
-            agree += int(int(y.argmax()) == t)
-            deltas.append(abs(float(y[t]) - float(x[t])))
-    n = len(deltas)
-    d = torch.tensor(deltas)
-    names = {"int8": "int8 (q8_0)", "bfloat16": "bf16"}
-    row = {"KV": f"{names.get(a.kv_dtype, a.kv_dtype)} vs {names.get(a.reference, a.reference)}", "positions": n,
-           "top-1 agreement": round(agree / n, 4),
-           "mean |Δ logprob|": round(float(d.mean()), 5), "max |Δ logprob|": round(float(d.max()), 4)}
+    row, agree, d = _compare(q8, a.kv_dtype, a.reference, prompts, traces, a.positions)
+    n = len(d)
     rows = [row]
+    if a.lossless_row:
+        del q8
+        q8 = _runner(a.model_path, a.quantization, None, kv_cache_dtype="float32", max_total_tokens=4200)
+        rows.append(_compare(q8, "float32", a.reference, prompts, traces, a.positions)[0])
     if a.llama_server:
         rows.append(llama_row(a.llama_server, q8.model_path, a.threads, prompts, [t for t, _ in traces]))
     print(f"{machine_info('cpu').get('cpu', '')}  |  {q8.model_path}  |  weights {a.quantization}")

@@ -23,9 +23,20 @@ def test_a_float32_reference(tmp_path) -> None:
     assert res["positions"] == 16 and res["rows"][0]["KV"] == "bf16 vs float32" and res["mean_abs_dlogprob"] > 0
 
 
+def test_the_lossless_row_is_a_float32_cache_on_the_same_tokens() -> None:
+    """--lossless-row: a float32 cache against the bf16 reference, the agreement no 8-bit cache can pass."""
+    res = kv_accuracy.main(["--prompts", "1", "--positions", "12", "--lossless-row"])
+    kinds = [r["KV"] for r in res["rows"]]
+    assert kinds == ["int8 (q8_0) vs bf16", "float32 vs bf16"]
+    assert all(r["positions"] == 12 and 0.5 <= r["top-1 agreement"] <= 1 for r in res["rows"])
+    assert res["rows"][1]["mean |Δ logprob|"] > 0  # bf16's own rounding, seen from the exact cache
+
+
 @pytest.mark.parametrize("args, flag", [(["--prompts", "0"], "--prompts"), (["--prompts", "999"], "--prompts"),
                                         (["--positions", "0"], "--positions"), (["--positions", "1000000000"], "--positions"),
-                                        (["--kv-dtype", "bfloat16"], "--kv-dtype bfloat16 is the reference")])
+                                        (["--kv-dtype", "bfloat16"], "--kv-dtype bfloat16 is the reference"),
+                                        (["--lossless-row", "--kv-dtype", "float32"], "--lossless-row"),
+                                        (["--lossless-row", "--reference", "float32"], "--lossless-row")])
 def test_bad_arguments_are_refused_by_flag(args, flag) -> None:
     with pytest.raises(SystemExit, match=flag):
         kv_accuracy.main(args)
