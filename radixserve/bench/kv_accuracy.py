@@ -114,17 +114,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = [_prompt_ids(tok, p) for p in PROMPTS[: a.prompts]]
     traces = [_trace(ref, p, None, a.positions) for p in prompts]
     del ref
-    q8 = _runner(a.model_path, a.quantization, None, kv_cache_dtype=a.kv_dtype, max_total_tokens=4200)
-    row, agree, d = _compare(q8, a.kv_dtype, a.reference, prompts, traces, a.positions)
+    cand = _runner(a.model_path, a.quantization, None, kv_cache_dtype=a.kv_dtype, max_total_tokens=4200)
+    row, agree, d = _compare(cand, a.kv_dtype, a.reference, prompts, traces, a.positions)
     n = len(d)
     rows = [row]
     if a.lossless_row:
-        del q8
-        q8 = _runner(a.model_path, a.quantization, None, kv_cache_dtype="float32", max_total_tokens=4200)
-        rows.append(_compare(q8, "float32", a.reference, prompts, traces, a.positions)[0])
+        del cand  # one model at a time
+        cand = _runner(a.model_path, a.quantization, None, kv_cache_dtype="float32", max_total_tokens=4200)
+        rows.append(_compare(cand, "float32", a.reference, prompts, traces, a.positions)[0])
     if a.llama_server:
-        rows.append(llama_row(a.llama_server, q8.model_path, a.threads, prompts, [t for t, _ in traces]))
-    print(f"{machine_info('cpu').get('cpu', '')}  |  {q8.model_path}  |  weights {a.quantization}")
+        rows.append(llama_row(a.llama_server, cand.model_path, a.threads, prompts, [t for t, _ in traces]))
+    print(f"{machine_info('cpu').get('cpu', '')}  |  {cand.model_path}  |  weights {a.quantization}")
     print_table(rows)
     result = {"args": vars(a), "machine": machine_info("cpu"), **row, "rows": rows, "top1_agreement": agree / n,
               "mean_abs_dlogprob": float(d.mean())}

@@ -157,11 +157,12 @@ def _build_variant() -> tuple[Any | None, str, str]:
     forced = bool(os.environ.get(ISA_ENV, "").strip())
     candidates = [isa] if forced else [n for n in ISA_NAMES[ISA_NAMES.index(isa):] if not missing_features(n)]
     reason = ""
-    compiler = _compiler_id()
     for name in candidates:
         flags = next(f for n, _, f in ISAS if n == name)
         folder = build_dir(name)
-        failed = None if forced else _failed_before(folder, compiler)
+        # `c++ --version` runs only where a mark is there to read (or, below, to write): most starts have neither
+        marked = not forced and os.path.exists(os.path.join(folder, _FAILED))
+        failed = _failed_before(folder, _compiler_id()) if marked else None
         if failed is not None:  # this compiler failed these sources before: a minute of compiling saved a start
             reason = reason or failed
             continue
@@ -181,7 +182,7 @@ def _build_variant() -> tuple[Any | None, str, str]:
             why = f"{type(exc).__name__}: {exc}"
             reason = reason or why  # without a compiler each try fails at once
             if not forced:
-                _remember_failure(folder, compiler, why)
+                _remember_failure(folder, _compiler_id(), why)
     return None, reason, isa
 
 

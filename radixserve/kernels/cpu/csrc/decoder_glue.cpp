@@ -14,8 +14,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "kv_quant.h"
 #include "ops.h"
 
 namespace radixserve {
@@ -205,14 +205,14 @@ at::Tensor greedy_argmax(const at::Tensor& logits) {
   return out;
 }
 
-// The rows `ids` of a Q8_0 table (blocks uint8 [rows, K / 32 * 34]: a float16 scale, 32 int8 values a block; the
-// GGUF file's bytes, mapped) as float32 [n, K]: scale x value, exact in float32 (11 x 7 significant bits), so the
-// values are gguf's reference dequantisation's. The numpy path cost ~0.05 ms a batch-1 decode step.
+// The rows `ids` of a Q8_0 table (blocks uint8 [rows, K / 32 * 34]: llama.cpp's q8_0 blocks as kv_quant.h reads
+// them, the GGUF file's bytes, mapped) as float32 [n, K]: scale x value, exact in float32 (11 x 7 significant bits),
+// so the values are gguf's reference dequantisation's. The numpy path cost ~0.05 ms a batch-1 decode step.
 void embedding_q8_0(const at::Tensor& blocks, const at::Tensor& ids, at::Tensor& out) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
-                  blocks.size(1) > 0 && blocks.size(1) % 34 == 0,
+                  blocks.size(1) > 0 && blocks.size(1) % kQ8Bytes == 0,
               "embedding_q8_0: blocks must be uint8 [rows, K / 32 * 34], contiguous");
-  const int64_t rows = blocks.size(0), row_bytes = blocks.size(1), nblk = row_bytes / 34, K = nblk * 32;
+  const int64_t rows = blocks.size(0), row_bytes = blocks.size(1), nblk = row_bytes / kQ8Bytes, K = nblk * kQ8Block;
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
               "embedding_q8_0: ids must be int64 [n], contiguous");
   const int64_t n = ids.size(0);
@@ -223,18 +223,14 @@ void embedding_q8_0(const at::Tensor& blocks, const at::Tensor& ids, at::Tensor&
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK(id[i] >= 0 && id[i] < rows, "embedding_q8_0: token id ", id[i], " outside the table's ", rows, " rows");
   }
-  const uint8_t* base = blocks.data_ptr<uint8_t>();
+  const int8_t* base = reinterpret_cast<const int8_t*>(blocks.data_ptr<uint8_t>());
   float* o = out.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* row = base + id[i] * row_bytes;
     for (int64_t b = 0; b < nblk; ++b) {
-      const uint8_t* blk = row + b * 34;
-      uint16_t h;
-      std::memcpy(&h, blk, sizeof(h));
-      const float d = static_cast<float>(c10::Half(h, c10::Half::from_bits()));
-      const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
-      float* dst = o + i * K + b * 32;
-      for (int j = 0; j < 32; ++j) dst[j] = static_cast<float>(q[j]) * d;
+      const int8_t* blk = base + id[i] * row_bytes + b * kQ8Bytes;
+      const float d = q8_half_to_f32(blk);
+      float* dst = o + i * K + b * kQ8Block;
+      for (int64_t j = 0; j < kQ8Block; ++j) dst[j] = static_cast<float>(blk[2 + j]) * d;
     }
   }
 }
