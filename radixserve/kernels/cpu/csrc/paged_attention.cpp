@@ -214,28 +214,28 @@ inline void group_scores(const float* q, P kp, const int64_t* idx, int64_t koff,
 
 // acc rows g < NG (acc0 + g * D) = sum_t p_g[t] * V[t] over t < n, with p_g = p0 + g * pstride: the NG
 // heads of one kv head at one position see the same V rows, so each V chunk is loaded and widened once
-// for all of them. Per head and column the sum runs over t in order from 0 as weighted_sum's does.
-template <int NG, typename P>
+// for all of them, kV vectors (8 * kV columns) a pass. Per head and column the sum runs over t in order
+// from 0 as weighted_sum's does, so neither the width nor how the heads are grouped changes a bit.
+template <int NG, int kV, typename P>
 inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, P v,
                                const int64_t* __restrict idx, int64_t row, int64_t off, int64_t n, int64_t D,
                                float* __restrict acc0) {
-  for (int64_t c = 0; c < D; c += 32) {
-    __m256 a[NG][4];
-    for (int g = 0; g < NG; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < D; c += 8 * kV) {
+    __m256 a[NG][kV];
+    for (int g = 0; g < NG; ++g)
+      for (int u = 0; u < kV; ++u) a[g][u] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
-      if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 32);
+      if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 8 * kV);
       P vr = v + idx[t] * row + off + c;
-      const __m256 x0 = load8(vr), x1 = load8(vr + 8), x2 = load8(vr + 16), x3 = load8(vr + 24);
+      __m256 x[kV];
+      for (int u = 0; u < kV; ++u) x[u] = load8(vr + 8 * u);
       for (int g = 0; g < NG; ++g) {
         const __m256 w = _mm256_set1_ps(p0[g * pstride + t]);
-        a[g][0] = _mm256_fmadd_ps(w, x0, a[g][0]);
-        a[g][1] = _mm256_fmadd_ps(w, x1, a[g][1]);
-        a[g][2] = _mm256_fmadd_ps(w, x2, a[g][2]);
-        a[g][3] = _mm256_fmadd_ps(w, x3, a[g][3]);
+        for (int u = 0; u < kV; ++u) a[g][u] = _mm256_fmadd_ps(w, x[u], a[g][u]);
       }
     }
     for (int g = 0; g < NG; ++g) {
-      for (int u = 0; u < 4; ++u) _mm256_storeu_ps(acc0 + g * D + c + 8 * u, a[g][u]);
+      for (int u = 0; u < kV; ++u) _mm256_storeu_ps(acc0 + g * D + c + 8 * u, a[g][u]);
     }
   }
 }
@@ -256,15 +256,27 @@ inline void for_head_chunks(int64_t G, F&& f) {
 }
 
 // Weighted sums of the G rows of query position i (rows r0 .. r0 + G - 1, scores strided by pstride)
-// into acc + r0 * D: grouped when the layout has a vector path, else one row at a time.
+// into acc + r0 * D: grouped when the layout has a vector path, else one row at a time. All the heads of a
+// chunk go together, so each V row is read once, 8 * kV columns a pass over the keys. Three heads take 16
+// columns: at 32 they needed 17 registers (12 accumulators, 4 V vectors, the broadcast), one more than AVX2
+// has, and GCC kept an accumulator on the stack, a store-to-load chain on every key: 64% of the kernel's
+// samples (perf, Zen 3; SmolLM2's 3 heads a kv head, 512 keys, one thread: 33-46 -> 28-31 us a call). Four
+// heads keep 32 columns: 16 columns (8 passes over the keys at D = 128) measured slower than their spills.
+// AVX-512VL builds address 32 ymm registers, so every chunk keeps 32 columns there.
+#ifdef __AVX512VL__
+constexpr int kV3 = 4;
+#else
+constexpr int kV3 = 2;
+#endif
 template <typename P>
 inline void rows_weighted_sum(const float* scores, int64_t pstride, P vp, const int64_t* idx, int64_t row,
                               int64_t off, int64_t visible, int64_t G, int64_t D, float* acc) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (D % 32 == 0) {
     for_head_chunks(G, [&](auto ng, int64_t g0) {
-      group_weighted_sum<decltype(ng)::value>(scores + g0 * pstride, pstride, vp, idx, row, off, visible, D,
-                                              acc + g0 * D);
+      constexpr int NG = decltype(ng)::value;
+      group_weighted_sum<NG, NG == 3 ? kV3 : 4>(scores + g0 * pstride, pstride, vp, idx, row, off, visible, D,
+                                                acc + g0 * D);
     });
     return;
   }
