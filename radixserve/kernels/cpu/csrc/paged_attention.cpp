@@ -116,39 +116,11 @@ inline void prefetch_row(const T* p, int64_t n) {
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
 }
 
-// acc[0:D] = sum_t p[t] * v[idx[t] * row + off : + D] over t < n.
+// acc[0:D] = sum_t p[t] * v[idx[t] * row + off : + D] over t < n: the rows no vector path takes (D % 32 != 0, or a
+// build without AVX2; rows_weighted_sum takes every other)
 template <typename P>
 inline void weighted_sum(const float* __restrict p, P v, const int64_t* __restrict idx,
                          int64_t row, int64_t off, int64_t n, int64_t D, float* __restrict acc) {
-#if defined(__AVX2__) && defined(__FMA__)
-  if (D % 64 == 0) {
-    for (int64_t c = 0; c < D; c += 64) {
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-      for (int64_t t = 0; t < n; ++t) {
-        if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 64);
-        P vr = v + idx[t] * row + off + c;
-        const __m256 w = _mm256_set1_ps(p[t]);
-        a0 = _mm256_fmadd_ps(w, load8(vr + 0), a0);
-        a1 = _mm256_fmadd_ps(w, load8(vr + 8), a1);
-        a2 = _mm256_fmadd_ps(w, load8(vr + 16), a2);
-        a3 = _mm256_fmadd_ps(w, load8(vr + 24), a3);
-        a4 = _mm256_fmadd_ps(w, load8(vr + 32), a4);
-        a5 = _mm256_fmadd_ps(w, load8(vr + 40), a5);
-        a6 = _mm256_fmadd_ps(w, load8(vr + 48), a6);
-        a7 = _mm256_fmadd_ps(w, load8(vr + 56), a7);
-      }
-      _mm256_storeu_ps(acc + c + 0, a0);
-      _mm256_storeu_ps(acc + c + 8, a1);
-      _mm256_storeu_ps(acc + c + 16, a2);
-      _mm256_storeu_ps(acc + c + 24, a3);
-      _mm256_storeu_ps(acc + c + 32, a4);
-      _mm256_storeu_ps(acc + c + 40, a5);
-      _mm256_storeu_ps(acc + c + 48, a6);
-      _mm256_storeu_ps(acc + c + 56, a7);
-    }
-    return;
-  }
-#endif
   for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
   for (int64_t t = 0; t < n; ++t) axpy(acc, p[t], v + idx[t] * row + off, D);
 }
@@ -222,8 +194,7 @@ inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, P v,
                                float* __restrict acc0) {
   for (int64_t c = 0; c < D; c += 8 * kV) {
     __m256 a[NG][kV];
-    for (int g = 0; g < NG; ++g)
-      for (int u = 0; u < kV; ++u) a[g][u] = _mm256_setzero_ps();
+    for (int g = 0; g < NG * kV; ++g) a[g / kV][g % kV] = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; ++t) {
       if (t + kAhead < n) prefetch_row(v + idx[t + kAhead] * row + off + c, 8 * kV);
       P vr = v + idx[t] * row + off + c;
@@ -234,9 +205,7 @@ inline void group_weighted_sum(const float* __restrict p0, int64_t pstride, P v,
         for (int u = 0; u < kV; ++u) a[g][u] = _mm256_fmadd_ps(w, x[u], a[g][u]);
       }
     }
-    for (int g = 0; g < NG; ++g) {
-      for (int u = 0; u < kV; ++u) _mm256_storeu_ps(acc0 + g * D + c + 8 * u, a[g][u]);
-    }
+    for (int g = 0; g < NG * kV; ++g) _mm256_storeu_ps(acc0 + (g / kV) * D + c + 8 * (g % kV), a[g / kV][g % kV]);
   }
 }
 #endif
@@ -256,13 +225,10 @@ inline void for_head_chunks(int64_t G, F&& f) {
 }
 
 // Weighted sums of the G rows of query position i (rows r0 .. r0 + G - 1, scores strided by pstride)
-// into acc + r0 * D: grouped when the layout has a vector path, else one row at a time. All the heads of a
-// chunk go together, so each V row is read once, 8 * kV columns a pass over the keys. Three heads take 16
-// columns: at 32 they needed 17 registers (12 accumulators, 4 V vectors, the broadcast), one more than AVX2
-// has, and GCC kept an accumulator on the stack, a store-to-load chain on every key: 64% of the kernel's
-// samples (perf, Zen 3; SmolLM2's 3 heads a kv head, 512 keys, one thread: 33-46 -> 28-31 us a call). Four
-// heads keep 32 columns: 16 columns (8 passes over the keys at D = 128) measured slower than their spills.
-// AVX-512VL builds address 32 ymm registers, so every chunk keeps 32 columns there.
+// into acc + r0 * D: grouped when the layout has a vector path, else one row at a time. A chunk's heads go
+// together (each V row read once), 32 columns a pass; three heads 16 on AVX2, where 32 needed 17 registers and
+// GCC kept an accumulator on the stack, a store-to-load chain on every key (docs/benchmarks.md, Zen 3: 33-46 ->
+// 28-31 us a call). Four heads' 16-column variant measured slower than their spills; AVX-512VL has 32 registers.
 #ifdef __AVX512VL__
 constexpr int kV3 = 4;
 #else
